@@ -1,0 +1,245 @@
+"""`Voxelizer` module, the `livox_infer::voxelize_fused` custom op and the `voxelize()` entry point.
+
+On GPU the two Triton kernels run through `torch.library.triton_op` + `wrap_triton`, so the op
+composes with torch.compile(fullgraph=True) (inductor sees the kernels and their mutations).
+The accumulators are registered buffers of `Voxelizer`: CUDA-graph trees skip graphs that mutate
+a tensor passed in as a graph input, but mutating buffers of the compiled module is fine.
+On CPU the module runs the plain-torch reference (the Triton interpreter cannot run inside
+torch.compile), which gives bit-identical results.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from livox_infer.errors import BackendError, PointCloudError
+from livox_infer.voxelize.grid import MAX_POINTS, GridConfig
+from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
+from livox_infer.voxelize.triton_kernels import (
+    ACCUMULATE_BLOCK,
+    ACCUMULATOR_NAMES,
+    NORMALIZE_BLOCK,
+    accumulate_kernel,
+    new_accumulators,
+    normalize_kernel,
+)
+
+
+def launch_kernels(
+    wrap: Callable,
+    points: torch.Tensor,
+    n_points: int,
+    n_points_ptr: torch.Tensor | None,
+    capacity: int,
+    acc: dict[str, torch.Tensor] | list[torch.Tensor],
+    count_lut: torch.Tensor,
+    out: torch.Tensor,
+    k: dict,
+    n_slices: int,
+) -> None:
+    """Launch kernel 1 (if there can be points) and kernel 2. `wrap` is `wrap_triton` inside the
+    custom op and the identity for direct launches (interpreter tests, CUDA-graph capture).
+    With `n_points_ptr`, N is read on the device (grid sized for `capacity` points)."""
+    count, z_max, z_min, occupancy, z_sum, i_sum = acc.values() if isinstance(acc, dict) else acc
+    n_cells = k["width"] * k["height"]
+    if capacity > 0:
+        wrap(accumulate_kernel)[(triton.cdiv(capacity, ACCUMULATE_BLOCK),)](
+            points, n_points, count if n_points_ptr is None else n_points_ptr,
+            count, z_max, z_min, occupancy, z_sum, i_sum,
+            k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
+            k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
+            N_FROM_PTR=n_points_ptr is not None, BLOCK=ACCUMULATE_BLOCK,
+        )
+    wrap(normalize_kernel)[(triton.cdiv(n_cells, NORMALIZE_BLOCK),)](
+        count, z_max, z_min, occupancy, z_sum, i_sum, count_lut, out,
+        n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"],
+        N_SLICES=n_slices, BLOCK=NORMALIZE_BLOCK,
+    )
+
+
+@triton_op(
+    "livox_infer::voxelize_fused",
+    mutates_args={"count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum"},
+)
+def voxelize_fused(
+    points: torch.Tensor,
+    count: torch.Tensor,
+    z_max: torch.Tensor,
+    z_min: torch.Tensor,
+    occupancy: torch.Tensor,
+    z_sum: torch.Tensor,
+    intensity_sum: torch.Tensor,
+    count_lut: torch.Tensor,
+    x_min: float,
+    y_min: float,
+    z_min_m: float,
+    inv_cell: float,
+    inv_z_quantum: float,
+    intensity_mult: float,
+    width: int,
+    height: int,
+    z_levels: int,
+    levels_per_slice: int,
+    count_saturation: int,
+    inv_z_levels: float,
+    inv_intensity_levels: float,
+    n_slices: int,
+) -> torch.Tensor:
+    """Both Triton kernels: (N, 4) float32 points -> (5 + n_slices, height, width) float32.
+    The accumulators must be in their reset state and are left in it."""
+    out = torch.empty((5 + n_slices, height, width), dtype=torch.float32, device=points.device)
+    k = dict(
+        x_min=x_min, y_min=y_min, z_min=z_min_m, inv_cell=inv_cell, inv_z_quantum=inv_z_quantum,
+        intensity_mult=intensity_mult, width=width, height=height, z_levels=z_levels,
+        levels_per_slice=levels_per_slice, count_saturation=count_saturation,
+        inv_z_levels=inv_z_levels, inv_intensity_levels=inv_intensity_levels,
+    )
+    n = points.shape[0]
+    acc = [count, z_max, z_min, occupancy, z_sum, intensity_sum]
+    launch_kernels(wrap_triton, points, n, None, n, acc, count_lut, out, k, n_slices)
+    return out
+
+
+def check_points(points: torch.Tensor | np.ndarray, device: torch.device | None = None) -> torch.Tensor:
+    """(N, 4) points as a contiguous float32 tensor (on `device` if given), or PointCloudError."""
+    if isinstance(points, np.ndarray):
+        points = torch.from_numpy(points)
+    if not isinstance(points, torch.Tensor):
+        raise PointCloudError(f"points must be a torch.Tensor or numpy array, got {type(points).__name__}")
+    if points.ndim != 2 or points.shape[1] != 4:
+        raise PointCloudError(f"points must have shape (N, 4) [x, y, z, intensity], got {tuple(points.shape)}")
+    if points.dtype.is_complex or points.dtype == torch.bool:
+        raise PointCloudError(f"points must be real numbers, got dtype {points.dtype}")
+    if points.shape[0] > MAX_POINTS:
+        raise PointCloudError(f"{points.shape[0]} points is more than the {MAX_POINTS} one call accepts")
+    return points.to(device=device, dtype=torch.float32).contiguous()
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BackendError("the cuda backend was requested but torch sees no GPU (torch.cuda.is_available() is False)")
+    return device
+
+
+class Voxelizer(torch.nn.Module):
+    """forward(points (N, 4)) -> (C, H, W) float32 on `device`.
+
+    backend "triton" runs the fused kernels (the default on GPU; on CPU only under
+    TRITON_INTERPRET=1, for tests), "torch" the plain-torch reference (the default on CPU).
+    The accumulators are buffers in their reset state between calls; one Voxelizer must not be
+    used from two CUDA streams at once.
+    """
+
+    def __init__(self, grid: GridConfig, device: torch.device | str | None = "auto", backend: str = "auto") -> None:
+        super().__init__()
+        self.grid = grid
+        self.device = resolve_device(device)
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        if backend not in ("triton", "torch"):
+            raise BackendError(f"unknown voxelizer backend {backend!r}; use 'auto', 'triton' or 'torch'")
+        self.backend = backend
+        self.constants = grid.kernel_constants()
+        for name, t in new_accumulators(grid, self.device).items():
+            self.register_buffer(f"acc_{name}", t, persistent=False)
+        self.register_buffer("count_lut", torch.from_numpy(grid.count_lut()).to(self.device), persistent=False)
+        self.reference_constants = ReferenceConstants(grid, self.device) if backend == "torch" else None
+
+    def accumulators(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, f"acc_{name}") for name in ACCUMULATOR_NAMES}
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        points = check_points(points, self.device)
+        if self.backend == "torch":
+            return voxelize_reference(points, self.grid, self.reference_constants)
+        k = self.constants
+        return torch.ops.livox_infer.voxelize_fused(
+            points, *self.accumulators().values(), self.count_lut,
+            k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
+            k["width"], k["height"], k["z_levels"], k["levels_per_slice"], k["count_saturation"],
+            k["inv_z_levels"], k["inv_intensity_levels"], self.grid.n_height_slices,
+        )
+
+    def cuda_graph(self, capacity: int) -> "CudaGraphVoxelizer":
+        """A CUDA-graph replay of the two launches for clouds of up to `capacity` points."""
+        return CudaGraphVoxelizer(self, capacity)
+
+
+class CudaGraphVoxelizer:
+    """Both kernels captured once in a CUDA graph; each call copies the points into a static
+    buffer, writes N on the device and replays. The returned tensor is a static buffer that the
+    next call overwrites (clone it to keep it)."""
+
+    def __init__(self, voxelizer: Voxelizer, capacity: int) -> None:
+        if voxelizer.device.type != "cuda" or voxelizer.backend != "triton":
+            raise BackendError("CUDA-graph voxelizing needs a Voxelizer with device cuda and backend triton")
+        if not 1 <= capacity <= MAX_POINTS:
+            raise PointCloudError(f"capacity must be in [1, {MAX_POINTS}], got {capacity}")
+        self.voxelizer, self.capacity = voxelizer, capacity
+        dev = voxelizer.device
+        self.points = torch.zeros((capacity, 4), dtype=torch.float32, device=dev)
+        self.n_points = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.out = torch.empty(voxelizer.grid.shape, dtype=torch.float32, device=dev)
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # first launch compiles the kernels, outside the capture
+            self._launch()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._launch()
+
+    def _launch(self) -> None:
+        v = self.voxelizer
+        launch_kernels(
+            lambda kernel: kernel, self.points, 0, self.n_points, self.capacity, v.accumulators(),
+            v.count_lut, self.out, v.constants, v.grid.n_height_slices,
+        )
+
+    def __call__(self, points: torch.Tensor) -> torch.Tensor:
+        points = check_points(points)
+        n = points.shape[0]
+        if n > self.capacity:
+            raise PointCloudError(f"{n} points exceed this CUDA graph's capacity of {self.capacity}")
+        self.points[:n].copy_(points, non_blocking=True)
+        self.n_points.fill_(n)
+        self.graph.replay()
+        return self.out
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_voxelizer(grid: GridConfig, device: str) -> Voxelizer:
+    return Voxelizer(grid, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_reference_constants(grid: GridConfig) -> ReferenceConstants:
+    return ReferenceConstants(grid, "cpu")
+
+
+def voxelize(points: torch.Tensor | np.ndarray, grid: GridConfig, backend: str = "auto") -> torch.Tensor:
+    """(N, 4) float32 [x, y, z, intensity] -> (C, H, W) float32 (see the package docstring).
+
+    backend: "cpu" (plain torch, result on CPU), "cuda" (Triton kernels, result on the current
+    GPU; BackendError without one), "auto" (cuda when available, else cpu)."""
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "cpu":
+        return voxelize_reference(check_points(points, torch.device("cpu")), grid, _cached_reference_constants(grid))
+    if backend == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendError(
+                "voxelize(backend='cuda') needs a GPU, but torch sees none (torch.cuda.is_available() is "
+                "False); use backend='cpu' or 'auto'"
+            )
+        return _cached_voxelizer(grid, f"cuda:{torch.cuda.current_device()}")(points)
+    raise BackendError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'cuda'")
