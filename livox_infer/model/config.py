@@ -1,0 +1,230 @@
+"""Model configuration files (models/*.yaml): grid, classes, network widths, head, thresholds, NMS.
+
+A config and its weights travel together: `ModelConfig.architecture()` (everything that changes the
+meaning or shape of the weights) is stored in the safetensors metadata and compared at load time.
+Score thresholds and NMS parameters are run-time choices and may differ from the training run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from livox_infer import CLASS_NAMES
+from livox_infer.errors import ConfigError
+from livox_infer.voxelize.grid import GridConfig
+
+
+def _positive_ints(value: Any, name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} must be a list of positive integers, got {value!r}") from exc
+    if not out or any(v < 1 for v in out) or any(float(v) != float(w) for v, w in zip(out, value)):
+        raise ConfigError(f"{name} must be a non-empty list of positive integers, got {value!r}")
+    return out
+
+
+def _per_class(value: Any, classes: tuple[str, ...], name: str, lo: float, hi: float) -> tuple[float, ...]:
+    """A number (same for all classes) or a {class: number} mapping covering every class."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = tuple(float(value) for _ in classes)
+    elif isinstance(value, dict):
+        missing = [c for c in classes if c not in value]
+        unknown = [k for k in value if k not in classes]
+        if missing or unknown:
+            raise ConfigError(f"{name}: classes missing {missing}, unknown {unknown} (classes: {list(classes)})")
+        try:
+            out = tuple(float(value[c]) for c in classes)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{name} values must be numbers, got {value!r}") from exc
+    else:
+        raise ConfigError(f"{name} must be a number or a mapping class -> number, got {value!r}")
+    if any(not (lo <= v <= hi) for v in out):
+        raise ConfigError(f"{name} values must lie in [{lo}, {hi}], got {value!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    grid: GridConfig
+    classes: tuple[str, ...] = CLASS_NAMES
+    stem_channels: int = 16
+    stage_channels: tuple[int, ...] = (32, 64, 128)
+    stage_blocks: tuple[int, ...] = (2, 2, 2)
+    neck_channels: int = 32
+    head_channels: int = 32
+    out_stride: int = 2  # head cells per input cell (1 stride-1 stem, then stride-2 stages)
+    min_radius: tuple[float, ...] = (2.0, 1.0, 1.0)  # gaussian radius floor per class, in head cells
+    gaussian_overlap: float = 0.1
+    max_objects: int = 128  # per frame, training targets
+    top_k: int = 64  # fixed number of candidates decoded per frame (static shape)
+    score_thresholds: tuple[float, ...] = (0.3, 0.3, 0.3)
+    nms_iou: tuple[float, ...] = (0.1, 0.1, 0.1)
+    max_detections: int = 64
+    weights: str = ""
+    source: str = ""  # the file it was loaded from (not part of the architecture)
+    extra: dict = field(default_factory=dict)
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def head_cell_size(self) -> float:
+        return self.grid.cell_size * self.out_stride
+
+    @property
+    def head_shape(self) -> tuple[int, int]:
+        """(H, W) of the head outputs."""
+        return self.grid.height // self.out_stride, self.grid.width // self.out_stride
+
+    def architecture(self) -> dict[str, Any]:
+        """What the weights depend on; stored with them and checked at load."""
+        return {
+            "classes": list(self.classes),
+            "grid": self.grid.to_dict(),
+            "stem_channels": self.stem_channels,
+            "stage_channels": list(self.stage_channels),
+            "stage_blocks": list(self.stage_blocks),
+            "neck_channels": self.neck_channels,
+            "head_channels": self.head_channels,
+            "out_stride": self.out_stride,
+        }
+
+    def architecture_hash(self) -> str:
+        text = json.dumps(self.architecture(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # -- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "") -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"model config {source or ''} must be a mapping, got {type(data).__name__}")
+        d = dict(data)
+        known = {
+            "name", "grid", "classes", "backbone", "head", "score_thresholds", "nms", "weights", "description",
+        }
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"model config {source}: unknown keys {unknown}; known: {sorted(known)}")
+        if "grid" not in d:
+            raise ConfigError(f"model config {source}: missing 'grid'")
+        grid = GridConfig.from_dict(d["grid"])
+        classes = tuple(d.get("classes", CLASS_NAMES))
+        if not classes or any(not isinstance(c, str) for c in classes) or len(set(classes)) != len(classes):
+            raise ConfigError(f"model config {source}: classes must be distinct names, got {classes!r}")
+        bb = d.get("backbone", {}) or {}
+        hd = d.get("head", {}) or {}
+        nms = d.get("nms", {}) or {}
+        for sec, keys in (
+            (bb, {"stem_channels", "stage_channels", "stage_blocks", "neck_channels"}),
+            (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k"}),
+            (nms, {"iou_threshold", "max_detections"}),
+        ):
+            if not isinstance(sec, dict) or set(sec) - keys:
+                raise ConfigError(f"model config {source}: bad section {sec!r}; allowed keys {sorted(keys)}")
+        stage_channels = _positive_ints(bb.get("stage_channels", (32, 64, 128)), "backbone.stage_channels")
+        stage_blocks = _positive_ints(bb.get("stage_blocks", (2,) * len(stage_channels)), "backbone.stage_blocks")
+        if len(stage_blocks) != len(stage_channels):
+            raise ConfigError("backbone.stage_blocks and backbone.stage_channels must have the same length")
+        (stem,) = _positive_ints([bb.get("stem_channels", 16)], "backbone.stem_channels")
+        (neck,) = _positive_ints([bb.get("neck_channels", 32)], "backbone.neck_channels")
+        (head_ch,) = _positive_ints([hd.get("head_channels", 32)], "head.head_channels")
+        (out_stride,) = _positive_ints([hd.get("out_stride", 2)], "head.out_stride")
+        if out_stride not in (1, 2, 4) or (1 << (len(stage_channels))) < out_stride:
+            raise ConfigError(f"head.out_stride must be 1, 2 or 4 (and <= 2**stages), got {out_stride}")
+        total_stride = 1 << len(stage_channels)
+        if grid.height % total_stride or grid.width % total_stride:
+            raise ConfigError(
+                f"grid {grid.height}x{grid.width} cells must be divisible by the backbone stride {total_stride}"
+            )
+        (max_objects,) = _positive_ints([hd.get("max_objects", 128)], "head.max_objects")
+        (top_k,) = _positive_ints([hd.get("top_k", 64)], "head.top_k")
+        (max_det,) = _positive_ints([nms.get("max_detections", 64)], "nms.max_detections")
+        overlap = float(hd.get("gaussian_overlap", 0.1))
+        if not 0 < overlap < 1:
+            raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")
+        return cls(
+            name=str(d.get("name", Path(source).stem if source else "model")),
+            grid=grid,
+            classes=classes,
+            stem_channels=stem,
+            stage_channels=stage_channels,
+            stage_blocks=stage_blocks,
+            neck_channels=neck,
+            head_channels=head_ch,
+            out_stride=out_stride,
+            min_radius=_per_class(hd.get("min_radius", 1.0), classes, "head.min_radius", 0.0, 50.0),
+            gaussian_overlap=overlap,
+            max_objects=max_objects,
+            top_k=top_k,
+            score_thresholds=_per_class(d.get("score_thresholds", 0.3), classes, "score_thresholds", 0.0, 1.0),
+            nms_iou=_per_class(nms.get("iou_threshold", 0.1), classes, "nms.iou_threshold", 0.0, 1.0),
+            max_detections=max_det,
+            weights=str(d.get("weights", "")),
+            source=source,
+        )
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "ModelConfig":
+        """Load ``models/<name>.yaml`` (a bare name like "lite") or a YAML path."""
+        from livox_infer.resources import find
+
+        name = str(name_or_path)
+        try:
+            path = find("models", name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+        except FileNotFoundError as exc:
+            raise ConfigError(f"model config {name!r} not found: {exc}") from exc
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"model config {path} is not valid YAML: {exc}") from exc
+        return cls.from_dict(data, source=str(path))
+
+    def weights_path(self) -> Path:
+        """The weights file next to the config (or found in models/)."""
+        from livox_infer.resources import find
+
+        if not self.weights:
+            raise ConfigError(f"model config {self.source or self.name} names no weights file")
+        if self.source:
+            p = Path(self.source).parent / self.weights
+            if p.is_file():
+                return p
+        try:
+            return find("models", self.weights)
+        except FileNotFoundError:
+            return (Path(self.source).parent if self.source else Path(".")) / self.weights
+
+    def to_dict(self) -> dict[str, Any]:
+        by = lambda vals: {c: float(v) for c, v in zip(self.classes, vals)}  # noqa: E731
+        return {
+            "name": self.name,
+            "classes": list(self.classes),
+            "grid": self.grid.to_dict(),
+            "backbone": {
+                "stem_channels": self.stem_channels,
+                "stage_channels": list(self.stage_channels),
+                "stage_blocks": list(self.stage_blocks),
+                "neck_channels": self.neck_channels,
+            },
+            "head": {
+                "head_channels": self.head_channels,
+                "out_stride": self.out_stride,
+                "min_radius": by(self.min_radius),
+                "gaussian_overlap": self.gaussian_overlap,
+                "max_objects": self.max_objects,
+                "top_k": self.top_k,
+            },
+            "score_thresholds": by(self.score_thresholds),
+            "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections},
+            "weights": self.weights,
+        }

@@ -1,0 +1,103 @@
+"""CenterPoint-style BEV detector: stride-1 stem, stride-2 stages, FPN-like neck, center heads.
+
+Input (B, C, H, W) from the voxelizer; output dict of head maps at 1/out_stride resolution:
+``heatmap`` (B, K, h, w) logits, ``offset`` (B, 2, h, w) sub-cell x/y, ``z`` (B, 1, h, w) box
+centre height above ground (m), ``size`` (B, 3, h, w) log(l, w, h), ``yaw`` (B, 2, h, w) sin/cos.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from livox_infer.model.config import ModelConfig
+
+HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "yaw": 2}
+HEATMAP_PRIOR_BIAS = -2.19  # sigmoid(-2.19) ~ 0.1: CenterNet's prior so the focal loss starts stable
+
+
+def conv_bn(cin: int, cout: int, stride: int = 1, k: int = 3) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
+
+
+class BevDetector(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        cin = cfg.grid.n_channels
+        self.stem = conv_bn(cin, cfg.stem_channels)
+        stages = []
+        prev = cfg.stem_channels
+        for ch, blocks in zip(cfg.stage_channels, cfg.stage_blocks):
+            layers = [conv_bn(prev, ch, stride=2)] + [conv_bn(ch, ch) for _ in range(blocks - 1)]
+            stages.append(nn.Sequential(*layers))
+            prev = ch
+        self.stages = nn.ModuleList(stages)
+        # Neck: 1x1 laterals of every stage at or below the head resolution, upsampled and summed.
+        self.head_level = {1: -1, 2: 0, 4: 1}[cfg.out_stride]  # stage index whose stride == out_stride
+        first = max(self.head_level, 0)
+        self.lateral_from = list(range(first, len(stages)))
+        lat_in = [cfg.stage_channels[i] for i in self.lateral_from]
+        if self.head_level < 0:  # stride-1 output: the stem joins the neck too
+            lat_in = [cfg.stem_channels] + lat_in
+        self.laterals = nn.ModuleList(conv_bn(c, cfg.neck_channels, k=1) for c in lat_in)
+        self.fuse = conv_bn(cfg.neck_channels, cfg.head_channels)
+        self.heatmap = nn.Conv2d(cfg.head_channels, cfg.num_classes, 1)
+        self.regression = nn.Conv2d(cfg.head_channels, sum(HEAD_CHANNELS.values()), 1)
+        nn.init.constant_(self.heatmap.bias, HEATMAP_PRIOR_BIAS)
+        nn.init.normal_(self.regression.weight, std=0.001)
+        nn.init.zeros_(self.regression.bias)
+
+    def forward(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.stem(bev)
+        feats = [x]
+        for stage in self.stages:
+            x = stage(x)
+            feats.append(x)
+        sources = ([feats[0]] if self.head_level < 0 else []) + [feats[i + 1] for i in self.lateral_from]
+        target_hw = sources[0].shape[-2:]
+        neck = None
+        for lat, f in zip(self.laterals, sources):
+            y = lat(f)
+            if y.shape[-2:] != target_hw:
+                y = F.interpolate(y, size=target_hw, mode="nearest")
+            neck = y if neck is None else neck + y
+        h = self.fuse(neck)
+        reg = self.regression(h)
+        out = {"heatmap": self.heatmap(h)}
+        start = 0
+        for name, n in HEAD_CHANNELS.items():
+            out[name] = reg[:, start : start + n]
+            start += n
+        return out
+
+
+def fuse_batchnorm(model: nn.Module) -> nn.Module:
+    """Fold every Conv2d+BatchNorm2d pair into the conv, in place (inference only; faster on CPU)."""
+    for module in model.modules():
+        if isinstance(module, nn.Sequential):
+            mods = list(module)
+            for i in range(len(mods) - 1):
+                conv, bn = mods[i], mods[i + 1]
+                if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
+                    w = conv.weight
+                    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+                    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+                    fused = nn.Conv2d(
+                        conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=True
+                    ).to(w.device)
+                    with torch.no_grad():
+                        fused.weight.copy_(w * scale[:, None, None, None])
+                        fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
+                    module[i] = fused
+                    module[i + 1] = nn.Identity()
+    return model
+
+
+def build_model(cfg: ModelConfig) -> BevDetector:
+    return BevDetector(cfg)

@@ -1,0 +1,110 @@
+"""Training targets (gaussian center heatmaps + regression at the center cells) and their inverse.
+
+Box encoding at a head cell (col, row) = floor of the box centre in head cells:
+offset = centre - (col, row) in head cells, z = box centre height above ground (m),
+size = log(l, w, h), yaw = (sin, cos). `decode_boxes` inverts it exactly, so
+boxes -> targets -> decode gives the boxes back (the round-trip test).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from livox_infer.model.config import ModelConfig
+
+LOG_SIZE_MIN, LOG_SIZE_MAX = math.log(0.05), math.log(30.0)
+
+
+def gaussian_radius(length_cells: float, width_cells: float, min_overlap: float) -> float:
+    """CenterNet's radius: the largest centre shift that keeps IoU >= min_overlap (the min of 3 cases)."""
+    h, w = length_cells, width_cells
+    b1 = h + w
+    c1 = w * h * (1 - min_overlap) / (1 + min_overlap)
+    r1 = (b1 + math.sqrt(max(b1 * b1 - 4 * c1, 0.0))) / 2
+    b2 = 2 * (h + w)
+    c2 = (1 - min_overlap) * w * h
+    r2 = (b2 + math.sqrt(max(b2 * b2 - 16 * c2, 0.0))) / 2
+    a3 = 4 * min_overlap
+    b3 = -2 * min_overlap * (h + w)
+    c3 = (min_overlap - 1) * w * h
+    r3 = (b3 + math.sqrt(max(b3 * b3 - 4 * a3 * c3, 0.0))) / 2
+    return min(r1, r2, r3)
+
+
+def draw_gaussian(heatmap: np.ndarray, col: int, row: int, radius: int) -> None:
+    """Max-splat a gaussian (sigma = diameter / 6) centred on (row, col) into heatmap (H, W), in place."""
+    diameter = 2 * radius + 1
+    sigma = diameter / 6.0
+    ys, xs = np.ogrid[-radius : radius + 1, -radius : radius + 1]
+    g = np.exp(-(xs * xs + ys * ys) / (2 * sigma * sigma))
+    h, w = heatmap.shape
+    left, right = min(col, radius), min(w - col, radius + 1)
+    top, bottom = min(row, radius), min(h - row, radius + 1)
+    if left + right <= 0 or top + bottom <= 0:
+        return
+    region = heatmap[row - top : row + bottom, col - left : col + right]
+    patch = g[radius - top : radius + bottom, radius - left : radius + right]
+    np.maximum(region, patch, out=region)
+
+
+def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Targets for one frame. ``boxes`` (M, 7) with z relative to the ground (the voxelizer's frame).
+
+    Returns heatmap (K, h, w) f32, index (max_objects,) int64 flat head-cell index, mask
+    (max_objects,) f32, regression (max_objects, 8) f32 [off_x, off_y, z, log l, log w, log h, sin, cos],
+    label (max_objects,) int64. Boxes whose centre lies outside the grid get no target.
+    """
+    hh, hw = cfg.head_shape
+    cell = cfg.head_cell_size
+    x0, y0 = cfg.grid.x_range[0], cfg.grid.y_range[0]
+    k = cfg.max_objects
+    heatmap = np.zeros((cfg.num_classes, hh, hw), np.float32)
+    index = np.zeros(k, np.int64)
+    mask = np.zeros(k, np.float32)
+    reg = np.zeros((k, 8), np.float32)
+    lab = np.zeros(k, np.int64)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 7)
+    labels = np.asarray(labels, np.int64).reshape(-1)
+    n = 0
+    # Larger objects first so that, if two centres share a cell, the nearer/larger is kept consistently.
+    for i in np.argsort(-boxes[:, 3] * boxes[:, 4], kind="stable"):
+        x, y, z, l, w, h, yaw = boxes[i]
+        c = int(labels[i])
+        if not 0 <= c < cfg.num_classes or min(l, w, h) <= 0:
+            continue
+        u, v = (x - x0) / cell, (y - y0) / cell
+        col, row = int(math.floor(u)), int(math.floor(v))
+        if not (0 <= col < hw and 0 <= row < hh):
+            continue
+        radius = gaussian_radius(l / cell, w / cell, cfg.gaussian_overlap)
+        radius = int(max(cfg.min_radius[c], radius))
+        draw_gaussian(heatmap[c], col, row, radius)
+        flat = row * hw + col
+        if n and np.any((index[:n] == flat) & (lab[:n] == c)):
+            continue  # same class, same cell: one regression target per cell and class
+        if n >= k:
+            continue
+        index[n] = flat
+        mask[n] = 1.0
+        lab[n] = c
+        reg[n] = (u - col, v - row, z, math.log(l), math.log(w), math.log(h), math.sin(yaw), math.cos(yaw))
+        n += 1
+    return {"heatmap": heatmap, "index": index, "mask": mask, "regression": reg, "label": lab}
+
+
+def decode_boxes(
+    col: torch.Tensor, row: torch.Tensor, offset: torch.Tensor, z: torch.Tensor, log_size: torch.Tensor,
+    yaw_sc: torch.Tensor, cfg: ModelConfig,
+) -> torch.Tensor:
+    """Head values at cells -> (..., 7) boxes in the voxelizer frame (z above ground).
+
+    col/row (...), offset (..., 2), z (...), log_size (..., 3), yaw_sc (..., 2) as [sin, cos]."""
+    cell = cfg.head_cell_size
+    x = (col.to(offset.dtype) + offset[..., 0]) * cell + cfg.grid.x_range[0]
+    y = (row.to(offset.dtype) + offset[..., 1]) * cell + cfg.grid.y_range[0]
+    size = torch.exp(log_size.clamp(LOG_SIZE_MIN, LOG_SIZE_MAX))
+    yaw = torch.atan2(yaw_sc[..., 0], yaw_sc[..., 1])
+    return torch.stack([x, y, z, size[..., 0], size[..., 1], size[..., 2], yaw], dim=-1)
