@@ -1,0 +1,587 @@
+"""ROS 2 detector node: thin rclpy glue over the ROS-free :class:`DetectionPipeline`.
+
+``ros2 run livox_infer detector_node`` / ``ros2 launch livox_infer detect.launch.py`` /
+``livox-infer run --sensor avia``.
+
+Data flow: the subscription callback only stores the newest cloud (an overwritten, never
+processed cloud is counted as dropped); a worker thread takes the newest one, runs the
+pipeline and publishes ``~/detections`` (vision_msgs/Detection3DArray), ``~/markers``
+(visualization_msgs/MarkerArray) and, once a second, ``/diagnostics``. A slow pipeline
+therefore never builds a backlog: latency stays one frame, throughput degrades gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from livox_infer import CLASS_NAMES
+from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
+
+SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
+DEVICES = ("auto", "cpu", "cuda")
+TAG_FILTER_MODES = ("off", "high_confidence", "strict")
+INPUT_TYPES = ("pointcloud2", "custom_msg")
+NODE_NAME = "livox_detector"
+
+# Parameters whose change needs a new pipeline (new network / device / weights); the rest are
+# applied in place with DetectionPipeline.update().
+REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile"})
+# Parameters only the node itself uses (no pipeline involvement).
+NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type"})
+
+LATENCY_WINDOW = 300  # samples kept per stage for mean/p50/p99
+DIAGNOSTICS_PERIOD_S = 1.0
+WARN_THROTTLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    default: Any
+    description: str
+    read_only: bool = False
+    float_range: tuple[float, float] | None = None
+    choices: tuple[str, ...] | None = None
+
+
+PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("sensor", "avia", f"Livox sensor preset, one of {SENSOR_PRESETS}; selects defaults (height, ROI).",
+              read_only=True, choices=SENSOR_PRESETS),
+    ParamSpec("input_topic", "/livox/lidar", "Input cloud topic (sensor_msgs/PointCloud2 or livox CustomMsg).",
+              read_only=True),
+    ParamSpec("input_type", "pointcloud2", "Input message type: pointcloud2, or custom_msg "
+              "(livox_ros_driver2/CustomMsg, needs that interface package installed).",
+              read_only=True, choices=INPUT_TYPES),
+    ParamSpec("device", "auto", "Compute device: auto (cuda if available, else cpu), cpu or cuda. Change rebuilds.",
+              choices=DEVICES),
+    ParamSpec("model", "lite", "Model config: a name in the package's models/ directory or a path to its YAML. "
+              "Change rebuilds."),
+    ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
+              "Change rebuilds."),
+    ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
+    ParamSpec("score_threshold_car", 0.4, "Minimum score of a published car.", float_range=(0.0, 1.0)),
+    ParamSpec("score_threshold_pedestrian", 0.35, "Minimum score of a published pedestrian.",
+              float_range=(0.0, 1.0)),
+    ParamSpec("score_threshold_cyclist", 0.35, "Minimum score of a published cyclist.", float_range=(0.0, 1.0)),
+    ParamSpec("roi_x_min", 0.0, "Region of interest, metres in the cloud frame (points outside are dropped).",
+              float_range=(-500.0, 500.0)),
+    ParamSpec("roi_x_max", 70.0, "Region of interest x max (m).", float_range=(-500.0, 500.0)),
+    ParamSpec("roi_y_min", -40.0, "Region of interest y min (m).", float_range=(-500.0, 500.0)),
+    ParamSpec("roi_y_max", 40.0, "Region of interest y max (m).", float_range=(-500.0, 500.0)),
+    ParamSpec("roi_z_min", -3.0, "Region of interest z min (m, sensor frame).", float_range=(-50.0, 50.0)),
+    ParamSpec("roi_z_max", 3.0, "Region of interest z max (m, sensor frame).", float_range=(-50.0, 50.0)),
+    ParamSpec("max_range", 100.0, "Drop points farther than this from the sensor (m).", float_range=(0.5, 1000.0)),
+    ParamSpec("tag_filter", "high_confidence", f"Livox tag noise filter: one of {TAG_FILTER_MODES}.",
+              choices=TAG_FILTER_MODES),
+    ParamSpec("intensity_scale", 1.0 / 255.0, "Multiplier taking raw reflectivity to the model's intensity range.",
+              float_range=(1e-6, 1000.0)),
+    ParamSpec("sensor_height", 1.8, "Sensor height above the ground (m); ignored when estimate_ground is true.",
+              float_range=(-10.0, 20.0)),
+    ParamSpec("estimate_ground", False, "Estimate the sensor height from each cloud's ground instead of "
+              "sensor_height."),
+    ParamSpec("frame_id", "", "Output frame_id; empty = copy the input cloud's frame_id."),
+    ParamSpec("publish_markers", True, "Publish ~/markers (RViz boxes and labels)."),
+)
+PARAM_SPECS = {p.name: p for p in PARAMS}
+
+
+def validate_params(values: dict[str, Any]) -> str | None:
+    """Cross-field and choice checks the descriptors cannot express. Returns a reason or None."""
+    for spec in PARAMS:
+        v = values.get(spec.name)
+        if spec.choices is not None and v not in spec.choices:
+            return f"{spec.name} must be one of {list(spec.choices)}, got {v!r}"
+        if spec.float_range is not None:
+            lo, hi = spec.float_range
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or not lo <= v <= hi:
+                return f"{spec.name} must be a number in [{lo}, {hi}], got {v!r}"
+    for axis in "xyz":
+        lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
+        if lo >= hi:
+            return f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi})"
+    if not str(values["model"]).strip():
+        return "model must name a model config"
+    if values["input_type"] == "custom_msg" and custom_msg_class() is None:
+        return "input_type custom_msg needs the livox_ros_driver2 or livox_interfaces interface package (not installed)"
+    return None
+
+
+def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Node parameters → DetectionPipeline keyword arguments (constructor and update())."""
+    return {
+        "model": values["model"],
+        "weights": values["weights"] or None,
+        "device": values["device"],
+        "compile": bool(values["use_compile"]),
+        "score_thresholds": {
+            "car": float(values["score_threshold_car"]),
+            "pedestrian": float(values["score_threshold_pedestrian"]),
+            "cyclist": float(values["score_threshold_cyclist"]),
+        },
+        "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
+        "max_range": float(values["max_range"]),
+        "tag_filter": values["tag_filter"],
+        "intensity_scale": float(values["intensity_scale"]),
+        "sensor_height": None if values["estimate_ground"] else float(values["sensor_height"]),
+    }
+
+
+def update_options(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Pipeline keyword arguments that differ between two parameter sets (for update())."""
+    a, b = pipeline_options(old), pipeline_options(new)
+    return {k: v for k, v in b.items() if a[k] != v}
+
+
+def default_pipeline_factory(options: dict[str, Any]):
+    from livox_infer.pipeline import DetectionPipeline
+
+    return DetectionPipeline(**options)
+
+
+def custom_msg_class():
+    """rclpy class of the Livox CustomMsg (livox_ros_driver2, else livox_interfaces), or None when neither
+    interface package is installed."""
+    for module in ("livox_ros_driver2.msg", "livox_interfaces.msg"):
+        try:
+            return importlib.import_module(module).CustomMsg
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def custom_msg_cdr_to_cloud(raw: bytes):
+    """Serialized CustomMsg → pointcloud.Cloud, parsed from the CDR bytes without per-point Python work."""
+    from livox_infer.bag import custom_msg_to_cloud, decode_custom_msg_cdr
+
+    return custom_msg_to_cloud(decode_custom_msg_cdr(raw))
+
+
+@dataclass
+class NodeStats:
+    """Counters and latency windows shared by the callback, the worker and the diagnostics timer."""
+
+    received: int = 0
+    processed: int = 0
+    dropped: int = 0  # overwritten by a newer cloud before the worker took it
+    rejected: int = 0  # malformed / unsupported clouds (PointCloudError)
+    empty: int = 0  # clouds with no points (published as empty detection arrays)
+    failed: int = 0  # unexpected pipeline errors
+    skipped_no_subscribers: int = 0
+    last_error: str = ""
+    latency_ms: dict[str, collections.deque] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_latency(self, stage: str, ms: float) -> None:
+        q = self.latency_ms.get(stage)
+        if q is None:
+            q = self.latency_ms[stage] = collections.deque(maxlen=LATENCY_WINDOW)
+        q.append(float(ms))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
+                                               "skipped_no_subscribers", "last_error")}
+            d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
+        return d
+
+
+def _import_ros():
+    """Import rclpy and the message packages, with one clear error when something is missing."""
+    try:
+        import rclpy  # noqa: F401
+        from diagnostic_msgs.msg import DiagnosticArray  # noqa: F401
+        from sensor_msgs.msg import PointCloud2  # noqa: F401
+        from vision_msgs.msg import Detection3DArray  # noqa: F401
+        from visualization_msgs.msg import MarkerArray  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"the detector node needs rclpy and the sensor_msgs, vision_msgs, visualization_msgs and "
+            f"diagnostic_msgs interface packages ({exc}). Source a ROS 2 install or run scripts/setup.sh."
+        ) from exc
+
+
+_import_ros()
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from rclpy.qos import QoSProfile, qos_profile_sensor_data  # noqa: E402
+from sensor_msgs.msg import PointCloud2  # noqa: E402
+from vision_msgs.msg import Detection3DArray  # noqa: E402
+from visualization_msgs.msg import MarkerArray  # noqa: E402
+
+from livox_infer import ros_msgs  # noqa: E402
+
+_LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
+
+
+class DetectorNode(Node):
+    """Subscribes to a Livox cloud, publishes 3D detections, markers and diagnostics.
+
+    ``pipeline_factory(options) -> pipeline`` builds the detector (tests inject a fake); the
+    pipeline needs ``detect(msg_or_cloud)`` returning an object with ``boxes``, ``labels``,
+    ``scores`` and ``timings_ms``, and ``update(**options)`` for in-place parameter changes.
+    """
+
+    def __init__(self, *, pipeline_factory: Callable[[dict], Any] | None = None, node_name: str = NODE_NAME,
+                 **node_kwargs: Any) -> None:
+        super().__init__(node_name, **node_kwargs)
+        self._factory = pipeline_factory or default_pipeline_factory
+        self._declare_parameters()
+        self._values = {p.name: self.get_parameter(p.name).value for p in PARAMS}
+        reason = validate_params(self._values)
+        if reason:
+            raise ConfigError(f"invalid parameters: {reason}")
+
+        self.stats = NodeStats()
+        self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
+        # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
+        self._pipeline = self._factory(pipeline_options(self._values))
+
+        self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
+        self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
+
+        # Newest-frame slot: the callback overwrites, the worker takes.
+        self._cond = threading.Condition()
+        self._pending: tuple[Any, float] | None = None
+        self._stopping = False
+        self._worker = threading.Thread(target=self._worker_loop, name="livox_detector_worker", daemon=True)
+
+        qos = QoSProfile(depth=1, reliability=qos_profile_sensor_data.reliability,
+                         durability=qos_profile_sensor_data.durability, history=qos_profile_sensor_data.history)
+        if self._values["input_type"] == "custom_msg":
+            # raw=True: the CDR bytes are parsed in bulk (bag.decode_custom_msg_cdr) instead of
+            # building one Python object per point.
+            self._sub = self.create_subscription(custom_msg_class(), self._values["input_topic"],
+                                                 self._on_custom_msg, qos, raw=True)
+        else:
+            self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._diag_last = (time.monotonic(), 0, 0)
+        self._diag_timer = self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics)
+        self._worker.start()
+        self.get_logger().info(
+            f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
+            f"{self._values['model']}, device {self._describe_backend()})"
+        )
+
+    # ------------------------------------------------------------------ parameters
+    def _declare_parameters(self) -> None:
+        for spec in PARAMS:
+            desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
+            if spec.float_range is not None:
+                desc.floating_point_range = [FloatingPointRange(from_value=float(spec.float_range[0]),
+                                                                to_value=float(spec.float_range[1]), step=0.0)]
+            if spec.choices is not None:
+                desc.additional_constraints = "one of: " + ", ".join(spec.choices)
+            self.declare_parameter(spec.name, spec.default, desc)
+
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        candidate = dict(self._values)
+        for p in params:
+            if p.name not in PARAM_SPECS:
+                return SetParametersResult(successful=False, reason=f"unknown parameter {p.name!r}")
+            candidate[p.name] = p.value
+        reason = validate_params(candidate)
+        if reason:
+            self.get_logger().warning(f"rejected parameter change: {reason}")
+            return SetParametersResult(successful=False, reason=reason)
+        changed = {k for k in candidate if candidate[k] != self._values[k]}
+        try:
+            if changed & REBUILD_PARAMS:
+                # Build the replacement first (slow: loads weights); the worker keeps using the old one.
+                new_pipeline = self._factory(pipeline_options(candidate))
+                with self._pipeline_lock:
+                    old, self._pipeline = self._pipeline, new_pipeline
+                del old
+                self.get_logger().info(f"pipeline rebuilt for {sorted(changed & REBUILD_PARAMS)}")
+            else:
+                opts = update_options(self._values, candidate)
+                if opts:
+                    with self._pipeline_lock:
+                        self._pipeline.update(**opts)
+        except (LivoxInferError, FileNotFoundError, ValueError, RuntimeError) as exc:
+            reason = f"cannot apply {sorted(changed)}: {exc}"
+            self.get_logger().warning(f"rejected parameter change: {reason}")
+            return SetParametersResult(successful=False, reason=reason)
+        self._values = candidate
+        return SetParametersResult(successful=True)
+
+    @property
+    def pipeline(self):
+        return self._pipeline
+
+    # ------------------------------------------------------------------ input
+    def _on_cloud(self, msg) -> None:
+        self._offer(msg)
+
+    def _on_custom_msg(self, raw: bytes) -> None:
+        try:
+            cloud = custom_msg_cdr_to_cloud(raw)
+        except Exception as exc:  # noqa: BLE001 - malformed input must never kill the node
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(f"malformed CustomMsg: {exc}")
+            return
+        self._offer(cloud)
+
+    def _offer(self, msg) -> None:
+        with self._cond:
+            with self.stats.lock:
+                self.stats.received += 1
+                if self._pending is not None:
+                    self.stats.dropped += 1
+            self._pending = (msg, time.monotonic())
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ worker
+    def _worker_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                msg, received_at = self._pending
+                self._pending = None
+            try:
+                self._process(msg, received_at)
+            except Exception as exc:  # noqa: BLE001 - last line of defence: keep the worker alive
+                with self.stats.lock:
+                    self.stats.failed += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.get_logger().error(f"frame failed: {type(exc).__name__}: {exc}",
+                                        throttle_duration_sec=WARN_THROTTLE_S)
+
+    def _has_output_subscribers(self) -> bool:
+        return self._det_pub.get_subscription_count() + self._marker_pub.get_subscription_count() > 0
+
+    def _reject(self, reason: str) -> None:
+        with self.stats.lock:
+            self.stats.rejected += 1
+            self.stats.last_error = reason
+        self.get_logger().warning(f"rejected cloud: {reason}", throttle_duration_sec=WARN_THROTTLE_S)
+
+    def _process(self, msg, received_at: float) -> None:
+        if not self._has_output_subscribers():
+            with self.stats.lock:
+                self.stats.skipped_no_subscribers += 1
+            return
+        header = getattr(msg, "header", None)
+        frame_override = self._values["frame_id"] or None
+        started = time.monotonic()
+        n_points = _point_count(msg)
+        if n_points == 0:
+            with self.stats.lock:
+                self.stats.empty += 1
+            self.get_logger().warning("empty cloud (no points); publishing no detections",
+                                      throttle_duration_sec=WARN_THROTTLE_S)
+            dets = _EmptyDetections()
+        else:
+            try:
+                with self._pipeline_lock:
+                    dets = self._pipeline.detect(msg)
+            except PointCloudError as exc:
+                self._reject(str(exc))
+                return
+            except LivoxInferError as exc:
+                with self.stats.lock:
+                    self.stats.failed += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.get_logger().error(f"detection failed: {exc}", throttle_duration_sec=WARN_THROTTLE_S)
+                return
+        detect_ms = (time.monotonic() - started) * 1e3
+
+        if header is None:  # a Cloud from a CustomMsg
+            out = ros_msgs.detections_to_msg(dets, stamp_ns=msg.stamp_ns, frame_id=frame_override or msg.frame_id)
+        else:
+            out = ros_msgs.detections_to_msg(dets, header, frame_id=frame_override)
+        self._det_pub.publish(out)
+        if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
+            self._marker_pub.publish(ros_msgs.detections_to_markers(dets, out.header))
+        done = time.monotonic()
+        with self.stats.lock:
+            self.stats.processed += 1
+            for stage, ms in (getattr(dets, "timings_ms", None) or {}).items():
+                self.stats.add_latency(str(stage), float(ms))
+            self.stats.add_latency("node_detect", detect_ms)
+            self.stats.add_latency("queue_wait", (started - received_at) * 1e3)
+            self.stats.add_latency("end_to_end", (done - received_at) * 1e3)
+
+    # ------------------------------------------------------------------ diagnostics
+    def _describe_backend(self) -> str:
+        p = self._pipeline
+        for attr in ("backend", "device"):
+            v = getattr(p, attr, None)
+            if v is not None:
+                return str(v)
+        return str(self._values["device"])
+
+    def diagnostics_status(self):
+        snap = self.stats.snapshot()
+        now = time.monotonic()
+        t0, received0, processed0 = self._diag_last
+        dt = max(now - t0, 1e-6)
+        self._diag_last = (now, snap["received"], snap["processed"])
+        values: dict[str, Any] = {
+            "sensor": self._values["sensor"],
+            "input_topic": self._values["input_topic"],
+            "backend": self._describe_backend(),
+            "model": str(getattr(self._pipeline, "model_name", self._values["model"])),
+            "input_rate_hz": (snap["received"] - received0) / dt,
+            "processed_rate_hz": (snap["processed"] - processed0) / dt,
+        }
+        for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "skipped_no_subscribers"):
+            values[f"frames_{k}"] = snap[k]
+        for stage, samples in sorted(snap["latency_ms"].items()):
+            mean, p50, p99 = ros_msgs.percentile_summary(samples)
+            values[f"latency_{stage}_mean_ms"] = mean
+            values[f"latency_{stage}_p50_ms"] = p50
+            values[f"latency_{stage}_p99_ms"] = p99
+        values["last_error"] = snap["last_error"]
+        if snap["failed"]:
+            level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
+        elif snap["rejected"]:
+            level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
+        elif snap["received"] == 0:
+            level, message = "warn", f"no clouds received on {self._values['input_topic']}"
+        else:
+            level, message = "ok", "detecting"
+        return ros_msgs.diagnostic_status(f"{self.get_name()}: livox_infer detector", self._values["sensor"],
+                                          _LEVEL[level][0], message, values)
+
+    def publish_diagnostics(self) -> None:
+        arr = DiagnosticArray()
+        arr.header.stamp = self.get_clock().now().to_msg()
+        arr.status = [self.diagnostics_status()]
+        self._diag_pub.publish(arr)
+
+    # ------------------------------------------------------------------ shutdown
+    def destroy_node(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._worker.is_alive() and threading.current_thread() is not self._worker:
+            self._worker.join(timeout=30.0)
+        super().destroy_node()
+
+
+class _EmptyDetections:
+    import numpy as _np
+
+    boxes = _np.zeros((0, 7), dtype=_np.float32)
+    labels = _np.zeros(0, dtype=_np.int64)
+    scores = _np.zeros(0, dtype=_np.float32)
+    label_names = CLASS_NAMES
+    timings_ms: dict[str, float] = {}
+
+
+def _point_count(msg) -> int | None:
+    if hasattr(msg, "width") and hasattr(msg, "height"):
+        try:
+            return int(msg.width) * int(msg.height)
+        except (TypeError, ValueError):
+            return None
+    points = getattr(msg, "points", None)
+    return None if points is None else len(points)
+
+
+# ---------------------------------------------------------------------- entry points
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sensor", default="avia", choices=SENSOR_PRESETS, help="sensor preset (default avia)")
+    parser.add_argument("--params-file", default=None,
+                        help="ROS 2 parameter YAML (default: the package's config/<sensor>.yaml)")
+    parser.add_argument("--input-topic", default=None, help="override input_topic")
+    parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
+    parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
+                        help="override use_compile")
+    parser.add_argument("--node-name", default=NODE_NAME, help=f"node name (default {NODE_NAME})")
+    parser.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[],
+                        help="everything after this goes to ROS (e.g. --ros-args -p score_threshold_car:=0.5)")
+
+
+def _parse_bool(text: str) -> bool:
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def params_file_for(sensor: str) -> str:
+    from livox_infer.resources import find
+
+    return str(find("config", f"{sensor}.yaml"))
+
+
+def ros_arguments(args: argparse.Namespace) -> list[str]:
+    """``livox-infer run`` options → the ROS argument list the node is initialised with."""
+    params_file = args.params_file or params_file_for(args.sensor)
+    out = ["livox-infer-run", "--ros-args", "--params-file", params_file, "-p", f"sensor:={args.sensor}"]
+    if args.input_topic:
+        out += ["-p", f"input_topic:={args.input_topic}"]
+    if args.device:
+        out += ["-p", f"device:={args.device}"]
+    if args.use_compile is not None:
+        out += ["-p", f"use_compile:={'true' if args.use_compile else 'false'}"]
+    if getattr(args, "node_name", NODE_NAME) != NODE_NAME:
+        out += ["-r", f"__node:={args.node_name}"]
+    extra = list(args.ros_args or [])
+    if extra and extra[0] == "--ros-args":
+        extra = extra[1:]
+    return out + extra
+
+
+def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = None) -> int:
+    """Initialise rclpy with ``ros_argv``, run the node until shutdown; exit status 1 on start-up failure."""
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+
+    rclpy.init(args=ros_argv)
+    node = None
+    try:
+        try:
+            node = (node_factory or DetectorNode)()
+        except (LivoxInferError, FileNotFoundError, ValueError, RuntimeError) as exc:
+            kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
+            print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)
+            return 1
+        executor = MultiThreadedExecutor(num_threads=2)
+        executor.add_node(node)
+        try:
+            executor.spin()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        return 0
+    finally:
+        if node is not None:
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.try_shutdown()
+
+
+def main(args: argparse.Namespace | list[str] | None = None) -> int:
+    """``ros2 run livox_infer detector_node [--ros-args ...]`` (args None: sys.argv) or ``livox-infer run``."""
+    if isinstance(args, argparse.Namespace):
+        try:
+            ros_argv = ros_arguments(args)
+        except FileNotFoundError as exc:
+            print(f"livox-infer run: {exc}", file=sys.stderr)
+            return 2
+    else:
+        ros_argv = list(sys.argv if args is None else args)
+    return spin_node(ros_argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

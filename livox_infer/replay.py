@@ -1,0 +1,259 @@
+"""Publish a rosbag2's clouds (and ground truth) into ROS 2 with their recorded timing.
+
+No rosbag2 install needed: the pure-Python ``rosbags`` reader yields each message's serialized
+CDR, and rclpy publishes those bytes as they are (``Publisher.publish(bytes)``), so nothing is
+deserialized on the way. sqlite3 and mcap bags both work.
+
+    livox-infer replay BAG [--rate 2.0] [--loop] [--remap /livox/lidar:=/points]
+    livox-infer replay BAG --soak 2        # soak benchmark: node subprocess + replay, RSS / drops / latency
+
+Python API: :class:`BagReplayer` (tests, demo) and :func:`replay_topics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from livox_infer.errors import ConfigError, LivoxInferError
+
+POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
+DETECTION3D_ARRAY = "vision_msgs/msg/Detection3DArray"
+CUSTOM_MSG_TYPES = ("livox_ros_driver2/msg/CustomMsg", "livox_ros_driver/msg/CustomMsg",
+                    "livox_interfaces/msg/CustomMsg")
+REPLAYED_TYPES = (POINTCLOUD2, DETECTION3D_ARRAY, *CUSTOM_MSG_TYPES)
+
+
+class BagError(LivoxInferError, ValueError):
+    """The bag cannot be opened or holds nothing that can be replayed."""
+
+
+@dataclass
+class ReplayStats:
+    published: dict[str, int] = field(default_factory=dict)  # output topic -> messages
+    skipped_topics: dict[str, str] = field(default_factory=dict)  # bag topic -> why it is not replayed
+    loops: int = 0
+    wall_s: float = 0.0
+    max_lag_ms: float = 0.0  # worst delay behind the scaled recorded schedule
+
+
+def parse_remaps(items: Iterable[str]) -> dict[str, str]:
+    """``["/a:=/b", ...]`` → ``{"/a": "/b"}``."""
+    out: dict[str, str] = {}
+    for item in items:
+        src, sep, dst = item.partition(":=")
+        if not sep or not src or not dst:
+            raise ConfigError(f"remap must look like /from:=/to, got {item!r}")
+        out[src] = dst
+    return out
+
+
+def message_class(msgtype: str):
+    """rclpy class for ``pkg/msg/Name``, or None when that interface package is not installed."""
+    pkg, _, name = msgtype.split("/")
+    try:
+        return getattr(importlib.import_module(f"{pkg}.msg"), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _open_reader(path: Path):
+    from rosbags.rosbag2 import Reader
+
+    if not path.exists():
+        raise BagError(f"bag not found: {path}")
+    try:
+        reader = Reader(path)
+        reader.open()
+    except Exception as exc:  # rosbags raises its own error types for broken metadata / storage
+        raise BagError(f"cannot open bag {path}: {exc}") from None
+    return reader
+
+
+def bag_topics(path: str | os.PathLike) -> dict[str, str]:
+    """topic → message type of a rosbag2."""
+    reader = _open_reader(Path(path))
+    try:
+        return {c.topic: c.msgtype for c in reader.connections}
+    finally:
+        reader.close()
+
+
+class BagReplayer:
+    """Publishes a bag's PointCloud2 / CustomMsg / Detection3DArray topics from ``node``.
+
+    Timing follows the bag's recorded receive times divided by ``rate`` (0 or inf = as fast as
+    possible). Topics whose type is not installed (e.g. CustomMsg without livox_ros_driver2)
+    are skipped and listed in ``stats.skipped_topics``.
+    """
+
+    def __init__(self, node, bag: str | os.PathLike, *, rate: float = 1.0, loop: bool = False,
+                 remap: dict[str, str] | None = None, topics: Iterable[str] | None = None,
+                 qos_depth: int = 10, on_publish: Callable[[str, int, bytes], None] | None = None) -> None:
+        if not rate >= 0:
+            raise ConfigError(f"rate must be >= 0, got {rate}")
+        self.node = node
+        self.bag = Path(bag)
+        self.rate = float(rate)
+        self.loop = bool(loop)
+        self.remap = dict(remap or {})
+        self.on_publish = on_publish
+        self.stats = ReplayStats()
+        wanted = set(topics) if topics is not None else None
+        self._publishers: dict[str, Any] = {}
+        self._out_topic: dict[str, str] = {}
+        for topic, msgtype in bag_topics(self.bag).items():
+            if wanted is not None and topic not in wanted:
+                continue
+            if msgtype not in REPLAYED_TYPES:
+                self.stats.skipped_topics[topic] = f"type {msgtype} is not replayed"
+                continue
+            cls = message_class(msgtype)
+            if cls is None:
+                self.stats.skipped_topics[topic] = f"interface {msgtype} is not installed"
+                continue
+            out = self.remap.get(topic, topic)
+            self._out_topic[topic] = out
+            self._publishers[topic] = node.create_publisher(cls, out, qos_depth)
+            self.stats.published[out] = 0
+        if not self._publishers:
+            raise BagError(f"nothing to replay in {self.bag} (skipped: {self.stats.skipped_topics or 'no topics'})")
+
+    @property
+    def output_topics(self) -> list[str]:
+        return list(self._out_topic.values())
+
+    def _messages(self) -> Iterator[tuple[str, int, bytes]]:
+        reader = _open_reader(self.bag)
+        try:
+            conns = [c for c in reader.connections if c.topic in self._publishers]
+            for conn, t_ns, raw in reader.messages(connections=conns):
+                yield conn.topic, t_ns, raw
+        finally:
+            reader.close()
+
+    def wait_for_subscribers(self, topic: str, count: int = 1, timeout_s: float = 10.0) -> bool:
+        """Wait until ``count`` subscribers matched the output ``topic`` (DDS discovery takes a moment)."""
+        pub = next(p for t, p in self._publishers.items() if self._out_topic[t] == topic)
+        deadline = time.monotonic() + timeout_s
+        while pub.get_subscription_count() < count:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> ReplayStats:
+        """Publish until the bag ends (or forever with ``loop``, until ``stop`` is set)."""
+        stop = stop or threading.Event()
+        started = time.monotonic()
+        sent = 0
+        while not stop.is_set():
+            t0_bag = None
+            t0_wall = time.monotonic()
+            any_sent = False
+            for topic, t_ns, raw in self._messages():
+                if stop.is_set() or (max_messages is not None and sent >= max_messages):
+                    break
+                if t0_bag is None:
+                    t0_bag = t_ns
+                if self.rate > 0 and self.rate != float("inf"):
+                    due = t0_wall + (t_ns - t0_bag) * 1e-9 / self.rate
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        if stop.wait(delay):
+                            break
+                    else:
+                        self.stats.max_lag_ms = max(self.stats.max_lag_ms, -delay * 1e3)
+                self._publishers[topic].publish(raw)
+                out = self._out_topic[topic]
+                self.stats.published[out] += 1
+                sent += 1
+                any_sent = True
+                if self.on_publish is not None:
+                    self.on_publish(out, t_ns, raw)
+            if not self.loop or not any_sent or (max_messages is not None and sent >= max_messages):
+                break
+            self.stats.loops += 1
+        self.stats.wall_s = time.monotonic() - started
+        return self.stats
+
+
+def replay_topics(bag: str | os.PathLike, **kwargs: Any) -> ReplayStats:
+    """Initialise rclpy, replay ``bag`` once (or looped until Ctrl-C), shut down. kwargs: BagReplayer's."""
+    import rclpy
+
+    rclpy.init()
+    node = rclpy.create_node("livox_replay")
+    try:
+        replayer = BagReplayer(node, bag, **kwargs)
+        return replayer.run()
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+# ---------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bag", nargs="?", help="rosbag2 directory (sqlite3 or mcap)")
+    parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (0 = as fast as possible)")
+    parser.add_argument("--loop", action="store_true", help="start over at the end")
+    parser.add_argument("--remap", action="append", default=[], metavar="FROM:=TO", help="rename a topic")
+    parser.add_argument("--topics", nargs="+", default=None, help="replay only these bag topics")
+    parser.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                        help="soak benchmark: start the node (subprocess), replay looped, report RSS/drops/latency")
+    parser.add_argument("--sensor", default="avia", help="soak: sensor preset of the node (default avia)")
+    parser.add_argument("--device", default="cpu", help="soak: node device (default cpu)")
+    parser.add_argument("--use-compile", default="false", help="soak: node use_compile (default false)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        remap = parse_remaps(args.remap)
+        if args.soak is not None:
+            from livox_infer.soak import run_soak
+
+            return run_soak(args.bag, minutes=args.soak, rate=args.rate, sensor=args.sensor, device=args.device,
+                            use_compile=args.use_compile)
+        if not args.bag:
+            print("livox-infer replay: a bag is required", file=sys.stderr)
+            return 2
+        import rclpy
+        from rclpy.executors import ExternalShutdownException
+
+        rclpy.init()
+        node = rclpy.create_node("livox_replay")
+        try:
+            replayer = BagReplayer(node, args.bag, rate=args.rate, loop=args.loop, remap=remap, topics=args.topics)
+            for topic, why in replayer.stats.skipped_topics.items():
+                print(f"skipping {topic}: {why}", file=sys.stderr)
+            print(f"replaying {args.bag} -> {', '.join(replayer.output_topics)} at x{args.rate}"
+                  + (" (loop)" if args.loop else ""))
+            try:
+                stats = replayer.run()
+            except (KeyboardInterrupt, ExternalShutdownException):
+                stats = replayer.stats
+            for topic, n in stats.published.items():
+                print(f"  {topic}: {n} messages")
+            print(f"  {stats.wall_s:.1f} s, {stats.loops} loops, worst lag {stats.max_lag_ms:.1f} ms")
+        finally:
+            node.destroy_node()
+            rclpy.try_shutdown()
+        return 0
+    except LivoxInferError as exc:
+        print(f"livox-infer replay: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m livox_infer.replay")
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

@@ -1,0 +1,269 @@
+"""DetectorNode on real rclpy (loopback, isolated domain) with a fake pipeline injected: message
+contents, malformed input, latest-frame-only, parameters, diagnostics, no-subscriber skip."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+pytest.importorskip("vision_msgs.msg")
+
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from sensor_msgs.msg import PointCloud2, PointField  # noqa: E402
+from vision_msgs.msg import Detection3DArray  # noqa: E402
+from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
+
+from livox_infer import ros_msgs  # noqa: E402
+from livox_infer.node import DetectorNode, pipeline_options  # noqa: E402
+from test_node_support import Collector, FakeFactory, RosHarness, cloud_msg, unique, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+
+@pytest.fixture
+def ros():
+    h = RosHarness()
+    yield h
+    h.close()
+
+
+def start_node(ros, factory=None, **params):
+    """A DetectorNode on a private input topic with ``params`` overrides, plus its output collectors."""
+    factory = factory or FakeFactory()
+    topic = "/" + unique("cloud")
+    overrides = [Parameter("input_topic", value=topic), Parameter("use_compile", value=False)]
+    overrides += [Parameter(k, value=v) for k, v in params.items()]
+    node = ros.add(DetectorNode(pipeline_factory=factory, node_name=unique("det"), context=ros.context,
+                                parameter_overrides=overrides))
+    client = ros.node(unique("client"))
+    pub = client.create_publisher(PointCloud2, topic, 10)
+    dets = Collector(client, Detection3DArray, f"{node.get_fully_qualified_name()}/detections")
+    markers = Collector(client, MarkerArray, f"{node.get_fully_qualified_name()}/markers")
+    assert wait_for(lambda: pub.get_subscription_count() == 1 and node._det_pub.get_subscription_count() == 1
+                    and node._marker_pub.get_subscription_count() == 1), "discovery failed"
+    return node, pub, dets, markers, factory
+
+
+def publish_until(pub, msg, collector, count=1, timeout_s=10.0):
+    """Publish ``msg`` until ``collector`` holds ``count`` messages (best-effort input may drop some)."""
+    deadline = time.monotonic() + timeout_s
+    while len(collector.msgs) < count and time.monotonic() < deadline:
+        pub.publish(msg)
+        wait_for(lambda: len(collector.msgs) >= count, timeout_s=0.3)
+    return len(collector.msgs) >= count
+
+
+def test_detections_and_markers_follow_the_input(ros):
+    node, pub, dets, markers, factory = start_node(ros)
+    msg = cloud_msg(stamp_ns=1_234_567_890_123, frame_id="avia_frame", centre=(12.0, -3.0, -0.5))
+    assert publish_until(pub, msg, dets)
+    out = dets.msgs[0]
+    assert ros_msgs.stamp_to_ns(out.header.stamp) == 1_234_567_890_123
+    assert out.header.frame_id == "avia_frame"
+    assert len(out.detections) == 1
+    det = out.detections[0]
+    assert det.results[0].hypothesis.class_id == "car"
+    assert det.results[0].hypothesis.score == pytest.approx(0.9)
+    c = det.bbox.center
+    assert (c.position.x, c.position.y) == pytest.approx((12.0, -3.0), abs=0.2)
+    assert ros_msgs.quaternion_to_yaw(c.orientation.x, c.orientation.y, c.orientation.z,
+                                      c.orientation.w) == pytest.approx(0.5, abs=1e-6)
+    assert (det.bbox.size.x, det.bbox.size.y, det.bbox.size.z) == pytest.approx((4.0, 1.8, 1.5))
+    arrays = ros_msgs.msg_to_arrays(out)
+    assert arrays.class_names == ["car"] and arrays.boxes.shape == (1, 7)
+
+    assert wait_for(lambda: len(markers.msgs) >= 1)
+    m = markers.msgs[0].markers
+    assert m[0].action == Marker.DELETEALL  # clears the previous frame's boxes
+    kinds = sorted((mk.type, mk.ns) for mk in m[1:])
+    assert kinds == [(Marker.LINE_LIST, "livox_infer/boxes"), (Marker.TEXT_VIEW_FACING, "livox_infer/labels")]
+    lines = next(mk for mk in m if mk.type == Marker.LINE_LIST)
+    assert len(lines.points) == 24 and lines.header.frame_id == "avia_frame"
+    text = next(mk for mk in m if mk.type == Marker.TEXT_VIEW_FACING)
+    assert text.text == "car 0.90"
+    # The fake pipeline was built from the node's parameters.
+    assert factory.built[0].options == pipeline_options(node._values)
+
+
+def test_frame_id_override_and_markers_off(ros):
+    node, pub, dets, markers, _ = start_node(ros, frame_id="base_link", publish_markers=False)
+    assert publish_until(pub, cloud_msg(frame_id="livox_frame"), dets, count=2)
+    assert all(d.header.frame_id == "base_link" for d in dets.msgs)
+    time.sleep(0.2)
+    assert markers.msgs == []
+
+
+def malformed_clouds():
+    good = cloud_msg(n=10)
+    short = cloud_msg(n=10)
+    short.data = short.data[:-5]  # buffer shorter than row_step * height
+    no_xyz = cloud_msg(n=10)
+    no_xyz.fields = [PointField(name="intensity", offset=12, datatype=PointField.FLOAT32, count=1)]
+    bad_step = cloud_msg(n=10)
+    bad_step.point_step = 4  # fields beyond the point
+    bad_step.row_step = 40
+    big_endian = cloud_msg(n=10)
+    big_endian.is_bigendian = True
+    empty = cloud_msg(n=0)
+    nans = cloud_msg(n=10)
+    arr = np.frombuffer(bytes(nans.data), dtype=np.uint8).copy()
+    arr.view(np.float32)[: 18 * 10 // 4] = np.nan  # (not aligned per point: x/y/z/i of many points become NaN)
+    nans.data = arr.tobytes()
+    assert good.width == 10
+    return {"short": short, "no_xyz": no_xyz, "bad_step": bad_step, "big_endian": big_endian}, empty, nans
+
+
+def deliver(pub, msg, node, timeout_s=5.0):
+    """Publish ``msg`` until the node received it and the worker has taken it (best-effort input)."""
+    before = node.stats.received
+    deadline = time.monotonic() + timeout_s
+    while node.stats.received == before and time.monotonic() < deadline:
+        pub.publish(msg)
+        wait_for(lambda: node.stats.received > before, timeout_s=0.3)
+    assert node.stats.received > before
+    assert wait_for(lambda: node._pending is None)
+    time.sleep(0.05)
+
+
+def test_malformed_clouds_are_counted_and_survived(ros):
+    node, pub, dets, _, _ = start_node(ros)
+    diags = Collector(ros.nodes[-1], DiagnosticArray, "/diagnostics")
+    bad, empty, nans = malformed_clouds()
+    for msg in bad.values():
+        deliver(pub, msg, node)
+    assert wait_for(lambda: node.stats.rejected == len(bad), timeout_s=5), node.stats
+    assert node.stats.last_error
+    n_before = len(dets.msgs)
+    deliver(pub, empty, node)
+    assert wait_for(lambda: node.stats.empty == 1)
+    assert wait_for(lambda: len(dets.msgs) == n_before + 1)  # empty clouds give an empty detection array
+    assert dets.msgs[-1].detections == []
+    deliver(pub, nans, node)
+    # ...and the node still detects afterwards
+    good_stamp = 77_000_000_000
+    assert publish_until(pub, cloud_msg(stamp_ns=good_stamp), dets, count=len(dets.msgs) + 1)
+    assert ros_msgs.stamp_to_ns(dets.msgs[-1].header.stamp) == good_stamp
+    assert node.stats.failed == 0
+    assert wait_for(lambda: any(
+        int(ros_msgs.diagnostic_values(a.status[0]).get("frames_rejected", 0)) == len(bad) for a in diags.msgs
+        if a.status and a.status[0].name.startswith(node.get_name())), timeout_s=3)
+    status = [a.status[0] for a in diags.msgs if a.status[0].name.startswith(node.get_name())][-1]
+    assert status.level == b"\x01"  # WARN while rejected clouds are on record
+    assert "rejected" in status.message
+
+
+def test_latest_frame_only_under_a_slow_pipeline(ros):
+    factory = FakeFactory(delay_s=0.25)
+    node, pub, dets, _, _ = start_node(ros, factory)
+    pipeline = factory.built[0]
+    sent = []
+    for i in range(20):  # 50 Hz into a 4 Hz pipeline
+        stamp = (i + 1) * 1_000_000_000
+        pub.publish(cloud_msg(stamp_ns=stamp, n=20))
+        sent.append(stamp)
+        time.sleep(0.02)
+    assert wait_for(lambda: node._pending is None and len(dets.msgs) == len(pipeline.calls), timeout_s=5)
+    time.sleep(0.3)
+    s = node.stats
+    # Every received cloud is either processed or counted as dropped: there is no queue.
+    assert s.received == s.processed + s.dropped
+    assert s.dropped >= 10 and s.processed <= 6, s
+    assert pipeline.calls == sorted(pipeline.calls)  # in order, never stale
+    assert pipeline.calls[-1] == sent[-1]  # the newest cloud is the one processed at the end
+    # Latency stays ~one pipeline step: queue wait never exceeds one detect duration by much.
+    assert max(node.stats.latency_ms["queue_wait"]) < 0.25e3 * 2
+
+
+def test_no_subscribers_skips_inference_but_counts_input(ros):
+    factory = FakeFactory()
+    topic = "/" + unique("cloud")
+    node = ros.add(DetectorNode(pipeline_factory=factory, node_name=unique("det"), context=ros.context,
+                                parameter_overrides=[Parameter("input_topic", value=topic)]))
+    pub = ros.node(unique("client")).create_publisher(PointCloud2, topic, 10)
+    assert wait_for(lambda: pub.get_subscription_count() == 1)
+    for i in range(3):
+        pub.publish(cloud_msg(stamp_ns=i + 1))
+        time.sleep(0.1)
+    assert wait_for(lambda: node.stats.received == 3 and node.stats.skipped_no_subscribers >= 1)
+    assert factory.built[0].calls == []
+    assert node.stats.processed == 0
+
+
+def set_param(node, name, value):
+    return node.set_parameters([Parameter(name, value=value)])[0]
+
+
+def test_invalid_parameter_changes_are_rejected_and_change_nothing(ros):
+    node, pub, dets, _, factory = start_node(ros)
+    before = dict(node._values)
+    cases = {
+        "roi_x_min": 500.0,  # >= roi_x_max
+        "score_threshold_car": 1.5,  # outside the descriptor's range
+        "tag_filter": "sometimes",
+        "device": "tpu",
+        "max_range": -1.0,
+        "sensor": "velodyne",  # read-only
+        "input_topic": "/elsewhere",  # read-only
+        "weights": "/nonexistent/missing.safetensors",  # rebuild fails: old pipeline kept
+        "model": "no_such_model",
+        "score_threshold_pedestrian": "high",  # wrong type
+    }
+    for name, value in cases.items():
+        result = set_param(node, name, value)
+        assert not result.successful, name
+        assert result.reason, name
+        assert node.get_parameter(name).value == before[name], name
+    assert node._values == before
+    assert len(factory.built) == 1 and factory.built[0].updates == []
+    # The node still works with its original pipeline.
+    assert publish_until(pub, cloud_msg(), dets)
+    assert node.pipeline is factory.built[0]
+
+
+def test_valid_parameter_changes_apply_in_place_or_rebuild(ros):
+    node, pub, dets, _, factory = start_node(ros)
+    first = factory.built[0]
+    assert set_param(node, "score_threshold_car", 0.6).successful
+    assert first.updates[-1] == {"score_thresholds": {"car": 0.6, "pedestrian": node._values[
+        "score_threshold_pedestrian"], "cyclist": node._values["score_threshold_cyclist"]}}
+    r = node.set_parameters_atomically([Parameter("roi_x_min", value=-10.0), Parameter("roi_x_max", value=50.0)])
+    assert r.successful
+    assert first.updates[-1]["roi"][0] == -10.0 and first.updates[-1]["roi"][3] == 50.0
+    assert set_param(node, "estimate_ground", True).successful
+    assert first.updates[-1] == {"sensor_height": None}
+    assert len(factory.built) == 1  # all in place
+    assert set_param(node, "device", "cpu").successful  # needs a rebuild
+    assert len(factory.built) == 2 and node.pipeline is factory.built[1]
+    assert factory.built[1].options["device"] == "cpu"
+    assert factory.built[1].options["score_thresholds"]["car"] == 0.6  # earlier changes carried over
+    assert publish_until(pub, cloud_msg(), dets)
+    assert factory.built[1].calls and not first.calls
+
+
+def test_diagnostics_report_backend_rates_and_latency(ros):
+    node, pub, dets, _, _ = start_node(ros)
+    for i in range(5):
+        pub.publish(cloud_msg(stamp_ns=(i + 1) * 100_000_000))
+        time.sleep(0.05)
+    assert wait_for(lambda: node.stats.processed >= 3)
+    status = node.diagnostics_status()
+    values = ros_msgs.diagnostic_values(status)
+    assert values["backend"] == "fake-auto"
+    assert values["model"] == "lite"
+    for key in ("input_rate_hz", "processed_rate_hz", "frames_received", "frames_processed", "frames_dropped",
+                "frames_rejected", "frames_empty", "last_error",
+                "latency_decode_mean_ms", "latency_decode_p50_ms", "latency_decode_p99_ms",
+                "latency_node_detect_p99_ms", "latency_end_to_end_p50_ms"):
+        assert key in values, key
+    assert int(values["frames_processed"]) >= 3
+    assert float(values["input_rate_hz"]) > 0
+    assert math.isfinite(float(values["latency_decode_p99_ms"]))
+    assert status.level == b"\x00" and status.message == "detecting"
+    # ...and it is published on /diagnostics about once a second.
+    diags = Collector(ros.nodes[-1], DiagnosticArray, "/diagnostics")
+    assert wait_for(lambda: any(a.status[0].name.startswith(node.get_name()) for a in diags.msgs), timeout_s=4)
