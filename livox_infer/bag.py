@@ -162,9 +162,9 @@ def encode_custom_msg_cdr(points: Any, *, time: Any = None, tag: Any = None, lin
                           lidar_id: int = 0) -> bytes:
     """CDR bytes of a Livox CustomMsg (the layout is identical for both driver packages).
 
-    ``points`` (N, 3|4) [x, y, z, reflectivity]; ``time`` seconds from the frame start, stored as
-    ``offset_time`` ns after ``timebase`` (default ``stamp_ns``); reflectivity is rounded and
-    clipped to 0-255.
+    ``points`` (N, 3|4) [x, y, z, reflectivity]; ``time`` seconds from the frame start (the header
+    stamp, or ``timebase`` if the stamp is more than 10 s away from it), stored as ``offset_time``
+    ns after ``timebase`` (default ``stamp_ns``); reflectivity is rounded and clipped to 0-255.
     """
     pts = np.asarray(points)
     if pts.ndim != 2 or pts.shape[1] not in (3, 4):
@@ -187,7 +187,9 @@ def encode_custom_msg_cdr(points: Any, *, time: Any = None, tag: Any = None, lin
         t = np.asarray(time, dtype=np.float64)
         if t.shape != (n,):
             raise PointCloudError(f"time must have shape ({n},), got {t.shape}")
-        offset_ns = np.rint(t * 1e9 + (stamp_ns - timebase))
+        # same rule as custom_msg_to_cloud: times count from the header stamp unless it is from another clock
+        frame_start = stamp_ns - timebase if abs(stamp_ns - timebase) <= _STAMP_WINDOW_NS else 0
+        offset_ns = np.rint(t * 1e9 + frame_start)
         if n and (offset_ns.min() < 0 or offset_ns.max() > 0xFFFFFFFF or not np.isfinite(offset_ns).all()):
             raise PointCloudError("point times do not fit CustomPoint.offset_time (uint32 ns after timebase)")
         rec["offset_time"] = offset_ns.astype(np.uint32)
@@ -392,7 +394,8 @@ def read_detections(path: str | Path, topic: str = DEFAULT_GT_TOPIC) -> Iterator
 
 
 def bag_info(path: str | Path) -> dict[str, Any]:
-    """``{"path", "start_ns", "end_ns", "duration_ns", "message_count", "topics": {topic: {"type", "count"}}}``."""
+    """``{"path", "start_ns", "end_ns", "duration_ns", "message_count", "topics": {topic: {"type", "count"}}}``;
+    start/end are the first and last message timestamps."""
     path = Path(path)
     reader = _open_reader(path)
     try:
@@ -404,8 +407,9 @@ def bag_info(path: str | Path) -> dict[str, Any]:
         return {
             "path": str(path),
             "start_ns": int(reader.start_time) if count else 0,
-            "end_ns": int(reader.end_time) if count else 0,
-            "duration_ns": int(reader.duration) if count else 0,
+            # rosbags' end_time is one past the last message
+            "end_ns": int(reader.end_time) - 1 if count else 0,
+            "duration_ns": int(reader.end_time) - 1 - int(reader.start_time) if count else 0,
             "message_count": count,
             "topics": topics,
         }
