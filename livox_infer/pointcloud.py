@@ -333,10 +333,12 @@ def _points_to_seconds(raw: np.ndarray, dtype: np.dtype, stamp_ns: int) -> np.nd
 
 def _filter_mask(points: np.ndarray, tag: np.ndarray | None, filters: DecodeFilter | None) -> np.ndarray:
     x, y, z = points[:, 0], points[:, 1], points[:, 2]
-    r2 = x * x
-    r2 += y * y
-    r2 += z * z
-    # r2 > 0 drops (0,0,0) and NaN; r2 < inf drops +-inf (and absurd >1e19 m coordinates).
+    with np.errstate(over="ignore", invalid="ignore"):
+        r2 = x * x
+        r2 += y * y
+        r2 += z * z
+    # r2 > 0 drops (0,0,0) and NaN; r2 < inf drops +-inf and coordinates beyond ~1.8e19 m
+    # (whose square overflows float32: no sensor measures that, so they are garbage too).
     lo2 = 0.0
     hi2 = np.inf
     if filters is not None:
