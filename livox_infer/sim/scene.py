@@ -1,0 +1,674 @@
+"""Procedural street / open scenes with labelled cars, pedestrians and cyclists.
+
+World frame: z up, the ego sensor starts above (0, ego_y) looking along +x; roads run along x.
+Labelled objects are kept as parts in their own frame (origin on the ground under the footprint
+centre, x = heading) plus a pose that may move with time; background is a fixed set of primitives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from livox_infer import CLASS_NAMES
+from livox_infer.errors import ConfigError
+from livox_infer.sim.geometry import (
+    BOX, CYLINDER, ELLIPSOID, RBOX, Ground, PrimitiveBuilder, Primitives, rot_x, rot_y, rot_z,
+)
+
+CAR, PEDESTRIAN, CYCLIST = 0, 1, 2
+assert CLASS_NAMES[CAR] == "car" and CLASS_NAMES[PEDESTRIAN] == "pedestrian" and CLASS_NAMES[CYCLIST] == "cyclist"
+
+SCENE_MODES = ("street", "open")
+
+
+@dataclass
+class SceneObject:
+    label: int  # index into CLASS_NAMES
+    parts: Primitives  # in the object frame; instance filled in at assembly
+    position: np.ndarray  # (3,) world, ground point under the footprint centre at t=0
+    yaw: float  # heading at t=0 (world)
+    velocity: np.ndarray = field(default_factory=lambda: np.zeros(2))  # world m/s along x, y
+    object_id: int = 0
+
+    def position_at(self, t: float) -> np.ndarray:
+        p = self.position.copy()
+        p[:2] += self.velocity * t
+        return p
+
+
+@dataclass
+class Scene:
+    mode: str
+    seed: int
+    ground: Ground
+    static: Primitives
+    objects: list[SceneObject]
+    ego_y: float = 0.0  # lateral position of the ego lane (world y)
+    ground_tilt: np.ndarray = field(default_factory=lambda: np.eye(3))
+    extent_x: tuple[float, float] = (-30.0, 150.0)
+
+    def primitives_at(self, t: float) -> tuple[Primitives, np.ndarray, np.ndarray]:
+        """All primitives at scene time t, plus each object's world position and rotation."""
+        if not self.objects:
+            return self.static, np.zeros((0, 3)), np.zeros((0, 3, 3))
+        pos = np.stack([ob.position_at(t) for ob in self.objects])
+        # heights follow the ground under the moving object
+        moved = np.array([np.any(ob.velocity != 0) for ob in self.objects])
+        if moved.any():
+            base = np.array([ob.position[2] - self.ground.plane(ob.position[0], ob.position[1])
+                             for ob in self.objects])
+            pos[:, 2] = np.where(moved, self.ground.plane(pos[:, 0], pos[:, 1]) + base, pos[:, 2])
+        rots = self.ground_tilt[None] @ rot_z(np.array([ob.yaw for ob in self.objects]))
+        parts = Primitives.concat([ob.parts for ob in self.objects])
+        owner = np.concatenate([np.full(len(ob.parts), i, np.int32) for i, ob in enumerate(self.objects)])
+        r = rots[owner]
+        parts.center = pos[owner] + np.einsum("pij,pj->pi", r, parts.center)
+        parts.rot = r @ parts.rot
+        parts.instance = owner
+        return Primitives.concat([self.static, parts]), pos, rots
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.array([ob.label for ob in self.objects], dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------------- materials
+def _paint(rng) -> float:
+    # car colours: black/dark, grey/silver, white, coloured (NIR reflectance)
+    return float(rng.choice([0.06, 0.15, 0.35, 0.55, 0.75], p=[0.25, 0.2, 0.2, 0.2, 0.15]) * rng.uniform(0.8, 1.2))
+
+
+# ------------------------------------------------------------------------------------ object parts
+def build_car(rng: np.random.Generator, kind: str | None = None) -> Primitives:
+    """A car as a LiDAR sees it: lower body with wheel wells, glass greenhouse (mostly transparent)
+    with seats behind it, metal roof, wheels, retro-reflective plates and tail lights."""
+    kind = kind or rng.choice(["sedan", "hatch", "suv", "van"], p=[0.45, 0.25, 0.22, 0.08])
+    L = float(np.clip(rng.normal(3.9, 0.4), 3.2, 5.3))
+    W = float(rng.uniform(1.6, 1.9))
+    H = float(np.clip(rng.normal(1.5, 0.15), 1.3, 1.95))
+    if kind == "suv":
+        H = float(np.clip(H + 0.2, 1.55, 1.95))
+    if kind == "van":
+        L = float(np.clip(L + 0.6, 4.2, 5.3))
+        H = float(np.clip(H + 0.35, 1.8, 2.1))
+    b = PrimitiveBuilder()
+    paint = _paint(rng)
+    rw = float(rng.uniform(0.29, 0.36))  # wheel radius
+    gc = float(rng.uniform(0.14, 0.22))  # ground clearance
+    wb = L * rng.uniform(0.58, 0.64)  # wheelbase
+    belt = H * rng.uniform(0.58, 0.66) if kind != "van" else H * 0.5
+    x_mid = 0.0 if kind == "van" else rng.uniform(-0.05, 0.02) * L
+    upper_z = rw * 1.35  # top of the wheel wells
+    # lower body above the wheels
+    b.add(RBOX, (0, 0, (upper_z + belt) / 2), (L / 2, W / 2, (belt - upper_z) / 2), reflect=paint)
+    # side skirt between the wheels, bumpers in front/behind the wheels
+    well = rw + 0.06
+    b.add(BOX, (x_mid, 0, (gc + upper_z) / 2), (wb / 2 - well, W / 2 - 0.02, (upper_z - gc) / 2), reflect=paint)
+    front0, rear0 = x_mid + wb / 2 + well, x_mid - wb / 2 - well
+    if L / 2 > front0 + 0.05:
+        b.add(RBOX, ((front0 + L / 2) / 2, 0, (gc + 0.1 + upper_z) / 2),
+              ((L / 2 - front0) / 2, W / 2 - 0.03, (upper_z - gc - 0.1) / 2), reflect=paint)
+    if -L / 2 < rear0 - 0.05:
+        b.add(RBOX, ((rear0 - L / 2) / 2, 0, (gc + 0.1 + upper_z) / 2),
+              ((rear0 + L / 2) / 2, W / 2 - 0.03, (upper_z - gc - 0.1) / 2), reflect=paint)
+    # greenhouse: front/rear ends by body type
+    if kind == "van":
+        c_front, c_rear = L / 2 - 0.55, -L / 2 + 0.02
+    elif kind == "suv":
+        c_front, c_rear = L / 2 - 0.32 * L, -L / 2 + 0.08 * L
+    elif kind == "hatch":
+        c_front, c_rear = L / 2 - 0.34 * L, -L / 2 + 0.06 * L
+    else:
+        c_front, c_rear = L / 2 - 0.36 * L, -L / 2 + 0.2 * L
+    roof_t = 0.07
+    gh = H - roof_t - belt  # greenhouse glass height
+    slant_f = min(0.7 * gh, 0.5) if kind != "van" else 0.25 * gh
+    slant_r = min(0.5 * gh, 0.35) if kind in ("sedan",) else 0.12 * gh
+    cw = W / 2 - 0.08
+    # vertical glass block between the slanted screens
+    g0, g1 = c_rear + slant_r, c_front - slant_f
+    b.add(RBOX, ((g0 + g1) / 2, 0, belt + gh / 2), ((g1 - g0) / 2, cw, gh / 2), reflect=0.08, hit_prob=0.3)
+    # windscreen and rear window: thin slanted glass panels
+    for x_lo, x_hi, sign in ((g1, c_front, 1.0), (c_rear, g0, -1.0)):
+        run = x_hi - x_lo
+        if run < 0.02:
+            continue
+        length = float(np.hypot(run, gh))
+        ang = np.arctan2(run, gh) * sign  # tilt about y (top leans back)
+        b.add(BOX, ((x_lo + x_hi) / 2, 0, belt + gh / 2), (0.015, cw - 0.04, length / 2),
+              rot_y(-ang), reflect=0.08, hit_prob=0.35)
+    # roof
+    b.add(RBOX, ((g0 + g1) / 2, 0, H - roof_t / 2), ((g1 - g0) / 2 + 0.05, cw, roof_t / 2), reflect=paint)
+    # interior: seats and dashboard seen through the glass
+    b.add(BOX, ((g0 + g1) / 2, 0, belt + 0.15), (max((g1 - g0) / 2, 0.3), cw - 0.12, 0.3), reflect=0.12)
+    # wheels (tyres are dark); axis along the car's y
+    for xs in (x_mid + wb / 2, x_mid - wb / 2):
+        for ys in (W / 2 - 0.13, -(W / 2 - 0.13)):
+            b.add(CYLINDER, (xs, ys, rw), (rw, rw, 0.1), rot_x(np.pi / 2), reflect=0.05)
+    # licence plates (retro) and tail lights (retro, weaker)
+    pz = upper_z - 0.05
+    b.add(BOX, (L / 2 + 0.005, 0, pz), (0.01, 0.26, 0.06), reflect=0.85, retro=True)
+    b.add(BOX, (-L / 2 - 0.005, 0, pz + 0.15), (0.01, 0.26, 0.06), reflect=0.85, retro=True)
+    for ys in (W / 2 - 0.15, -(W / 2 - 0.15)):
+        b.add(BOX, (-L / 2 - 0.004, ys, belt - 0.12), (0.01, 0.12, 0.06), reflect=0.45, retro=True)
+    return b.build()
+
+
+def build_pedestrian(rng: np.random.Generator) -> Primitives:
+    """Legs (apart when walking), feet, torso, arms, head; sometimes a bag."""
+    H = float(rng.uniform(1.5, 1.9))
+    b = PrimitiveBuilder()
+    cloth = float(rng.uniform(0.1, 0.6))
+    trousers = float(rng.uniform(0.08, 0.45))
+    skin = float(rng.uniform(0.25, 0.45))
+    walking = rng.random() < 0.7
+    stride = float(rng.uniform(0.18, 0.45)) if walking else float(rng.uniform(0.0, 0.08))
+    hip_z = 0.5 * H
+    leg_len = hip_z - 0.04
+    lr = float(rng.uniform(0.06, 0.08))
+    hip_w = float(rng.uniform(0.09, 0.12))
+    swing = np.arcsin(np.clip(stride / leg_len, -0.9, 0.9))
+    for sgn, side in ((1.0, 1.0), (-1.0, -1.0)):
+        a = sgn * swing
+        foot_x = np.sin(a) * leg_len
+        cx = foot_x / 2
+        b.add(CYLINDER, (cx, side * hip_w, 0.04 + leg_len / 2), (lr, lr, leg_len / 2), rot_y(a), reflect=trousers)
+        b.add(BOX, (foot_x + 0.05, side * hip_w, 0.04), (0.13, 0.05, 0.04), reflect=0.1)
+    shoulder_z = 0.82 * H
+    tw = float(rng.uniform(0.17, 0.22))  # half shoulder width
+    td = float(rng.uniform(0.1, 0.14))  # half torso depth
+    b.add(CYLINDER, (0.0, 0.0, (hip_z + shoulder_z) / 2), (td, tw, (shoulder_z - hip_z) / 2 + 0.03), reflect=cloth)
+    # head + neck
+    hr = float(rng.uniform(0.085, 0.1))
+    head_z = H - hr * 1.15
+    b.add(ELLIPSOID, (0.01, 0.0, head_z), (hr, hr * 0.85, hr * 1.15), reflect=skin)
+    b.add(CYLINDER, (0.0, 0.0, (shoulder_z + head_z) / 2), (0.05, 0.05, (head_z - shoulder_z) / 2), reflect=skin)
+    # arms swing opposite to the legs
+    arm_len = 0.36 * H
+    for sgn, side in ((-1.0, 1.0), (1.0, -1.0)):
+        a = sgn * swing * 0.8
+        cx = -np.sin(a) * arm_len / 2
+        b.add(CYLINDER, (cx, side * (tw + 0.045), shoulder_z - 0.03 - arm_len / 2 * np.cos(a)),
+              (0.045, 0.045, arm_len / 2), rot_y(-a), reflect=cloth)
+    if rng.random() < 0.3:  # backpack
+        b.add(BOX, (-td - 0.09, 0, shoulder_z - 0.2), (0.09, tw * 0.8, 0.2), reflect=float(rng.uniform(0.1, 0.5)))
+    return b.build()
+
+
+def build_cyclist(rng: np.random.Generator) -> Primitives:
+    """Bicycle (wheels mostly spokes, thin frame, handlebar) with a rider leaning forward."""
+    b = PrimitiveBuilder()
+    rw = float(rng.uniform(0.33, 0.36))
+    wb = float(rng.uniform(0.98, 1.12))
+    fx, rx = wb / 2, -wb / 2
+    frame = float(rng.uniform(0.15, 0.6))
+    for x in (fx, rx):
+        b.add(CYLINDER, (x, 0, rw), (rw, rw, 0.02), rot_x(np.pi / 2), reflect=0.06, hit_prob=0.3)  # spokes
+        b.add(CYLINDER, (x, 0, rw), (0.05, 0.05, 0.06), rot_x(np.pi / 2), reflect=0.3)  # hub
+    crank = np.array([-0.02, 0.0, rw + 0.0])
+    seat = np.array([rx + 0.32, 0.0, rw + float(rng.uniform(0.52, 0.62))])
+    head = np.array([fx - 0.16, 0.0, rw + 0.55])
+    bar = np.array([fx - 0.2, 0.0, rw + float(rng.uniform(0.62, 0.72))])
+
+    def tube(p0, p1, r, refl, hit=0.8):
+        p0, p1 = np.asarray(p0, float), np.asarray(p1, float)
+        v = p1 - p0
+        length = float(np.linalg.norm(v))
+        ang = np.arctan2(v[0], v[2])  # rotation about y taking z onto v (v in the x-z plane)
+        b.add(CYLINDER, (p0 + p1) / 2, (r, r, length / 2), rot_y(ang), reflect=refl, hit_prob=hit)
+
+    tube(crank, seat, 0.02, frame)  # seat tube
+    tube(seat, head, 0.02, frame)  # top tube
+    tube(crank, head, 0.025, frame)  # down tube
+    tube((rx, 0, rw), crank, 0.015, frame)  # chain stay
+    tube((fx, 0, rw), head, 0.018, frame)  # fork
+    bar_half = float(rng.uniform(0.24, 0.34))
+    b.add(CYLINDER, bar, (0.015, 0.015, bar_half), rot_x(np.pi / 2), reflect=0.2)
+    # rider
+    cloth = float(rng.uniform(0.1, 0.6))
+    trousers = float(rng.uniform(0.08, 0.45))
+    hip = seat + np.array([0.0, 0.0, 0.08])
+    lean = float(rng.uniform(0.35, 0.75))  # torso angle from vertical (rad)
+    torso_len = float(rng.uniform(0.5, 0.6))
+    shoulder = hip + torso_len * np.array([np.sin(lean), 0.0, np.cos(lean)])
+    b.add(CYLINDER, (hip + shoulder) / 2, (0.12, 0.19, torso_len / 2 + 0.03), rot_y(lean), reflect=cloth)
+    hr = float(rng.uniform(0.085, 0.1))
+    head_c = shoulder + np.array([0.05, 0.0, 0.1 + hr])
+    helmet = rng.random() < 0.5
+    b.add(ELLIPSOID, head_c, (hr * 1.2, hr * 0.95, hr * 1.05) if helmet else (hr, hr * 0.85, hr * 1.15),
+          reflect=float(rng.uniform(0.2, 0.7)) if helmet else 0.35)
+    phase = float(rng.uniform(0, 2 * np.pi))
+    for side, ph in ((1.0, phase), (-1.0, phase + np.pi)):
+        pedal = crank + np.array([0.17 * np.cos(ph), 0.0, 0.17 * np.sin(ph)])
+        hp = hip + np.array([0, side * 0.1, 0])
+        pd = pedal + np.array([0, side * 0.1, 0])
+        # knee: forward and up of the hip-pedal midpoint so the thigh and shin keep their lengths
+        mid = (hp + pd) / 2
+        span = np.linalg.norm(pd - hp)
+        seg = 0.46
+        bend = np.sqrt(max(seg ** 2 - (span / 2) ** 2, 0.0))
+        dvec = (pd - hp) / max(span, 1e-6)
+        perp = np.array([dvec[2], 0.0, -dvec[0]])
+        if perp[0] < 0:
+            perp = -perp
+        knee = mid + perp * bend
+        tube(hp, knee, 0.075, trousers, 1.0)
+        tube(knee, pd, 0.06, trousers, 1.0)
+        hand = bar + np.array([0.0, side * (bar_half - 0.05), 0.0])
+        sh = shoulder + np.array([0, side * 0.18, 0])
+        v = hand - sh
+        length = float(np.linalg.norm(v))
+        # arm as a cylinder from shoulder to hand (3D direction): build a rotation taking z onto v
+        zax = v / length
+        xax = np.cross([0.0, 1.0, 0.0], zax)
+        xax = xax / max(np.linalg.norm(xax), 1e-9)
+        yax = np.cross(zax, xax)
+        b.add(CYLINDER, (sh + hand) / 2, (0.045, 0.045, length / 2), np.stack([xax, yax, zax], 1), reflect=cloth)
+    return b.build()
+
+
+BUILDERS = {CAR: build_car, PEDESTRIAN: build_pedestrian, CYCLIST: build_cyclist}
+
+
+def parts_extent(parts: Primitives, axes: np.ndarray) -> np.ndarray:
+    """Half extent of every part along unit vectors ``axes`` (3,K) -> (P,K); exact per shape."""
+    proj = np.einsum("pij,ik->pjk", parts.rot, axes) * parts.half[:, :, None]  # (P,3 local,K)
+    box = np.abs(proj).sum(1)
+    ell = np.sqrt((proj ** 2).sum(1))
+    cyl = np.abs(proj[:, 2]) + np.sqrt(proj[:, 0] ** 2 + proj[:, 1] ** 2)
+    kind = parts.kind[:, None]
+    return np.where(kind == ELLIPSOID, ell, np.where(kind == CYLINDER, cyl, box))
+
+
+# ---------------------------------------------------------------------------------- background
+def _add_tree(b: PrimitiveBuilder, rng, x, y, z0):
+    trunk_h = float(rng.uniform(1.8, 3.5))
+    tr = float(rng.uniform(0.08, 0.25))
+    b.add(CYLINDER, (x, y, z0 + trunk_h / 2), (tr, tr, trunk_h / 2 + 0.2), reflect=float(rng.uniform(0.15, 0.3)))
+    crown_r = float(rng.uniform(1.5, 3.8))
+    n_blobs = int(rng.integers(1, 4))
+    for _ in range(n_blobs):
+        off = rng.normal(0, crown_r * 0.3, 3)
+        r = crown_r * rng.uniform(0.6, 1.0)
+        b.add(ELLIPSOID, (x + off[0], y + off[1], z0 + trunk_h + r * 0.8 + abs(off[2])),
+              (r, r * rng.uniform(0.8, 1.1), r * rng.uniform(0.7, 1.1)),
+              reflect=float(rng.uniform(0.3, 0.55)), volume_k=float(rng.uniform(0.6, 2.5)))
+
+
+def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
+    h = float(rng.uniform(3.0, 9.0))
+    r = float(rng.uniform(0.04, 0.13))
+    b.add(CYLINDER, (x, y, z0 + h / 2), (r, r, h / 2), reflect=float(rng.uniform(0.2, 0.45)))
+    u = rng.random()
+    if u < 0.35:  # traffic sign, retro-reflective, faces the road
+        s = float(rng.uniform(0.3, 0.45))
+        zc = z0 + float(rng.uniform(2.0, 2.8))
+        b.add(BOX, (x, y, zc), (0.01, s, s), rot_z(yaw_to_road), reflect=0.8, retro=True)
+    elif u < 0.65 and h > 5:  # street light arm
+        arm = float(rng.uniform(1.0, 2.5))
+        toward_road = -np.sign(y) if y != 0 else 1.0
+        b.add(BOX, (x, y + toward_road * arm / 2, z0 + h), (0.08, arm / 2, 0.05), reflect=0.3)
+
+
+def _add_clutter(b: PrimitiveBuilder, rng, x, y, z0, yaw):
+    u = rng.random()
+    R = rot_z(yaw)
+    if u < 0.25:  # wheelie bin
+        b.add(BOX, (x, y, z0 + 0.53), (0.3, 0.3, 0.53), R, reflect=float(rng.uniform(0.05, 0.4)))
+    elif u < 0.4:  # round litter bin / bollard
+        r = float(rng.uniform(0.1, 0.3))
+        h = float(rng.uniform(0.8, 1.1))
+        b.add(CYLINDER, (x, y, z0 + h / 2), (r, r, h / 2), reflect=float(rng.uniform(0.1, 0.5)))
+    elif u < 0.55:  # bush
+        r = float(rng.uniform(0.5, 1.5))
+        b.add(ELLIPSOID, (x, y, z0 + r * 0.6), (r, r * rng.uniform(0.7, 1.3), r * 0.7), reflect=0.4,
+              volume_k=float(rng.uniform(2.0, 5.0)))
+    elif u < 0.68:  # bench
+        b.add(BOX, (x, y, z0 + 0.45), (0.9, 0.25, 0.05), R, reflect=0.3)
+        b.add(BOX, (x, y, z0 + 0.7), (0.9, 0.04, 0.2), R @ rot_z(0.0), reflect=0.3)
+    elif u < 0.78:  # cardboard boxes / crates
+        s = rng.uniform(0.3, 0.8, 3)
+        b.add(BOX, (x, y, z0 + s[2] / 2), s / 2, R, reflect=0.5)
+    elif u < 0.88:  # barrier / fence segment (partially transparent)
+        ln = float(rng.uniform(1.5, 4.0))
+        h = float(rng.uniform(0.8, 1.3))
+        b.add(BOX, (x, y, z0 + h / 2), (ln / 2, 0.03, h / 2), R, reflect=0.4, hit_prob=float(rng.uniform(0.3, 1.0)))
+    elif u < 0.94:  # scooter / motorbike-sized unlabeled object
+        b.add(BOX, (x, y, z0 + 0.55), (0.9, 0.3, 0.45), R, reflect=0.2)
+        b.add(CYLINDER, (x, y, z0 + 0.3), (0.3, 0.3, 0.06), R @ rot_x(np.pi / 2), reflect=0.05)
+    else:  # electrical box / hydrant
+        s = rng.uniform(0.3, 1.2, 3)
+        s[2] = rng.uniform(0.6, 1.5)
+        b.add(BOX, (x, y, z0 + s[2] / 2), s / 2, R, reflect=float(rng.uniform(0.2, 0.6)))
+
+
+def _add_building(b: PrimitiveBuilder, rng, x0, x1, y_face, side, z0):
+    """A building block whose facade is at y_face, extending away from the road (side = +1 left)."""
+    depth = float(rng.uniform(6, 15))
+    h = float(rng.uniform(3.0, 22.0))
+    yc = y_face + side * depth / 2
+    b.add(BOX, ((x0 + x1) / 2, yc, z0 + h / 2 - 0.5), ((x1 - x0) / 2, depth / 2, h / 2 + 0.5),
+          reflect=float(rng.uniform(0.15, 0.45)))
+    # windows: dark glass bands on the facade (rays pass into the building and return from inside)
+    if h > 4 and rng.random() < 0.7:
+        n_floors = int(h // 3)
+        for k in range(n_floors):
+            zc = z0 + 1.6 + 3.0 * k
+            if zc + 0.8 > z0 + h:
+                break
+            b.add(BOX, ((x0 + x1) / 2, y_face + side * 0.01, zc), ((x1 - x0) / 2 - 0.5, 0.03, 0.7),
+                  reflect=0.08, hit_prob=0.4)
+
+
+# ------------------------------------------------------------------------------------- scenes
+def _ground(rng, mode: str, road_half: float) -> Ground:
+    k_amp = rng.uniform(0.003, 0.02, 5)
+    k_len = rng.uniform(2.0, 25.0, 5)
+    k_dir = rng.uniform(0, 2 * np.pi, 5)
+    kv = np.stack([np.cos(k_dir), np.sin(k_dir)], 1) * (2 * np.pi / k_len)[:, None]
+    slope_x = float(rng.normal(0, 0.015))
+    slope_y = float(rng.normal(0, 0.008))
+    if mode == "street":
+        lane_w = 3.4
+        marks = [0.0] + [s * lane_w * k for k in (1, 2) for s in (1, -1) if lane_w * k < road_half - 1.0]
+        marks = np.array(marks, dtype=np.float64)
+        refl = float(rng.uniform(0.07, 0.13))
+    else:
+        marks = np.zeros(0)
+        refl = float(rng.uniform(0.07, 0.2))
+    return Ground(slope_x, slope_y, k_amp, kv, rng.uniform(0, 2 * np.pi, 5), refl, marks)
+
+
+class _Placer:
+    """Footprint-circle collision checks for placing objects and clutter."""
+
+    def __init__(self):
+        self.xy: list[tuple[float, float, float]] = []
+
+    def free(self, x: float, y: float, r: float) -> bool:
+        if not self.xy:
+            return True
+        a = np.asarray(self.xy)
+        return bool(np.all(np.hypot(a[:, 0] - x, a[:, 1] - y) > a[:, 2] + r))
+
+    def take(self, x, y, r):
+        self.xy.append((float(x), float(y), float(r)))
+
+
+def _object_radius(parts: Primitives) -> float:
+    ext = parts_extent(parts, np.eye(3))
+    lo = (parts.center - ext).min(0)
+    hi = (parts.center + ext).max(0)
+    return float(np.hypot(max(abs(lo[0]), abs(hi[0])), max(abs(lo[1]), abs(hi[1]))))
+
+
+def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None, n_pedestrians: int | None = None,
+               n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
+               moving: bool = True, ego_speed: float = 8.0) -> Scene:
+    """Build a reproducible scene.
+
+    mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
+    sidewalks with curbs, pedestrians, cyclists, trees, poles, clutter and building facades.
+    mode "open": objects scattered at random positions and headings on open ground with clutter.
+    ``clutter`` scales the amount of background; ``length`` is how far the scene reaches along x.
+    ``moving``: give traffic, pedestrians and cyclists velocities (used by simulate_drive);
+    ``ego_speed``: speed of the traffic ahead in the ego lane (so a drive does not run into it).
+    """
+    if mode not in SCENE_MODES:
+        raise ConfigError(f"unknown scene mode {mode!r}; choose one of {SCENE_MODES}")
+    if clutter < 0 or length <= 0:
+        raise ConfigError("clutter must be >= 0 and length > 0")
+    for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
+        if v is not None and v < 0:
+            raise ConfigError(f"{name} must be >= 0")
+    rng = np.random.default_rng([int(seed), 1])
+    if mode == "street":
+        return _street(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, ego_speed)
+    return _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving)
+
+
+def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed) -> Scene:
+    lanes_each = int(rng.choice([1, 2], p=[0.6, 0.4]))
+    lane_w = 3.4
+    park_w = 2.3 if rng.random() < 0.85 else 0.0
+    road_half = lanes_each * lane_w + park_w
+    ground = _ground(rng, "street", road_half)
+    tilt = ground.tilt()
+    ego_y = -(int(rng.integers(0, lanes_each)) + 0.5) * lane_w
+    x_lo, x_hi = -30.0, float(length)
+    b = PrimitiveBuilder()
+    placer = _Placer()
+    objects: list[SceneObject] = []
+    curb_h = float(rng.uniform(0.1, 0.18))
+    walk_w = [float(rng.uniform(2.0, 5.0)), float(rng.uniform(2.0, 5.0))]  # right (-y), left (+y)
+    # cross streets: x-intervals without buildings
+    cross = []
+    xs = rng.uniform(15, x_hi, int(rng.integers(0, 3)))
+    for xc in xs:
+        cross.append((xc - rng.uniform(5, 9), xc + rng.uniform(5, 9)))
+
+    def in_cross(x):
+        return any(a <= x <= b_ for a, b_ in cross)
+
+    # sidewalks (tilted with the ground plane), interrupted at cross streets
+    for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
+        edges = [x_lo] + [v for iv in sorted(cross) for v in iv] + [x_hi]
+        for a, c in zip(edges[0::2], edges[1::2]):
+            if c - a < 1:
+                continue
+            yc = side * (road_half + ww / 2)
+            xc = (a + c) / 2
+            zc = ground.plane(xc, yc) + curb_h / 2 - 0.1
+            b.add(BOX, (xc, yc, zc), ((c - a) / 2, ww / 2, curb_h / 2 + 0.1), tilt,
+                  reflect=float(rng.uniform(0.18, 0.35)))
+    # building facades (with gaps)
+    for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
+        x = x_lo
+        while x < x_hi:
+            w = float(rng.uniform(8, 40))
+            if rng.random() < 0.8 * min(clutter, 1.5) and not in_cross(x) and not in_cross(x + w):
+                setback = float(rng.uniform(0, 4)) if rng.random() < 0.5 else 0.0
+                y_face = side * (road_half + ww + setback)
+                _add_building(b, rng, x, x + w, y_face, side, ground.plane(x + w / 2, y_face))
+                # a fence or hedge in front of setback buildings
+                if setback > 1.5 and rng.random() < 0.5:
+                    yf = side * (road_half + ww + 0.3)
+                    if rng.random() < 0.5:
+                        b.add(BOX, (x + w / 2, yf, ground.plane(x, yf) + 0.6 + curb_h), (w / 2, 0.4, 0.6),
+                              reflect=0.4, volume_k=3.0)
+                    else:
+                        b.add(BOX, (x + w / 2, yf, ground.plane(x, yf) + 0.6 + curb_h), (w / 2, 0.03, 0.6),
+                              reflect=0.35, hit_prob=0.5)
+            x += w + float(rng.uniform(0, 6))
+    # trees and poles along the curbs
+    for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
+        x = x_lo + rng.uniform(0, 10)
+        while x < x_hi:
+            y = side * (road_half + rng.uniform(0.4, 1.0))
+            z0 = ground.plane(x, y) + curb_h
+            if not in_cross(x) and placer.free(x, y, 0.5):
+                if rng.random() < 0.5:
+                    _add_tree(b, rng, x, y, z0)
+                else:
+                    _add_pole(b, rng, x, y, z0, 0.0 if rng.random() < 0.5 else np.pi)
+                placer.take(x, y, 0.5)
+            x += float(rng.uniform(6, 25)) / max(clutter, 0.2)
+    # sidewalk clutter
+    n_clutter = int(rng.integers(10, 30) * clutter)
+    for _ in range(n_clutter):
+        side = rng.choice([-1, 1])
+        ww = walk_w[0] if side < 0 else walk_w[1]
+        x = float(rng.uniform(x_lo + 5, x_hi))
+        y = side * (road_half + rng.uniform(0.5, ww))
+        if placer.free(x, y, 0.8) and not in_cross(x):
+            _add_clutter(b, rng, x, y, ground.plane(x, y) + curb_h, float(rng.uniform(0, 2 * np.pi)))
+            placer.take(x, y, 0.8)
+
+    oid = 0
+
+    def add_object(label, parts, x, y, yaw, vel, on_walk):
+        nonlocal oid
+        r = _object_radius(parts)
+        if not placer.free(x, y, r):
+            return False
+        z = ground.plane(x, y) + (curb_h if on_walk else 0.0)
+        objects.append(SceneObject(label, parts, np.array([x, y, z]), float(yaw), np.asarray(vel, float), oid))
+        placer.take(x, y, r)
+        oid += 1
+        return True
+
+    # keep the ego's own footprint free
+    placer.take(0.0, ego_y, 3.0)
+    # parked cars
+    target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30))
+    n_parked = int(round(target_cars * (0.65 if park_w > 0 else 0.2)))
+    n_moving_cars = target_cars - n_parked
+    tries = 0
+    while n_parked > 0 and tries < 400:
+        tries += 1
+        side = rng.choice([-1, 1])
+        x = float(rng.uniform(x_lo + 10, x_hi))
+        if park_w > 0:
+            y = side * (road_half - park_w / 2 + rng.uniform(-0.15, 0.15))
+            on_walk = False
+        else:  # parked half on the sidewalk
+            y = side * (road_half + 0.6)
+            on_walk = True
+        if in_cross(x):
+            continue
+        yaw = (0.0 if side < 0 else np.pi) if rng.random() < 0.85 else float(rng.uniform(0, 2 * np.pi))
+        yaw += float(rng.normal(0, 0.04))
+        if add_object(CAR, build_car(rng), x, y, yaw, (0, 0), on_walk):
+            n_parked -= 1
+    # moving cars in lanes (right-hand traffic: +x on the right half, -x on the left)
+    tries = 0
+    while n_moving_cars > 0 and tries < 400:
+        tries += 1
+        lane = int(rng.integers(0, lanes_each))
+        side = rng.choice([-1, 1])
+        y = side * (lane + 0.5) * lane_w + float(rng.normal(0, 0.2))
+        x = float(rng.uniform(x_lo + 8, x_hi))
+        yaw = (0.0 if side < 0 else np.pi) + float(rng.normal(0, 0.02))
+        speed = float(rng.uniform(3, 14)) if moving else 0.0
+        if abs(y - ego_y) < lane_w / 2 and x > 0:
+            speed = float(ego_speed) if moving else 0.0  # same lane ahead: keeps its gap to the ego
+        vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
+        if add_object(CAR, build_car(rng), x, y, yaw, vel, False):
+            n_moving_cars -= 1
+    # pedestrians on sidewalks (some crossing)
+    n_p = n_peds if n_peds is not None else int(rng.integers(3, 15))
+    tries = 0
+    while n_p > 0 and tries < 400:
+        tries += 1
+        crossing = rng.random() < 0.12
+        x = float(rng.uniform(x_lo + 5, x_hi * 0.8))
+        if crossing:
+            y = float(rng.uniform(-road_half, road_half))
+            yaw = np.pi / 2 * rng.choice([-1, 1]) + float(rng.normal(0, 0.2))
+            on_walk = False
+        else:
+            side = rng.choice([-1, 1])
+            ww = walk_w[0] if side < 0 else walk_w[1]
+            y = side * (road_half + rng.uniform(0.3, ww))
+            yaw = float(rng.choice([0.0, np.pi]) + rng.normal(0, 0.3)) if rng.random() < 0.75 else float(rng.uniform(0, 2 * np.pi))
+            on_walk = True
+        if abs(y - ego_y) < 2.5 and abs(x) < 10:
+            continue
+        speed = float(rng.uniform(0.8, 1.8)) if (moving and rng.random() < 0.7) else 0.0
+        vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
+        if add_object(PEDESTRIAN, build_pedestrian(rng), x, y, yaw, vel, on_walk):
+            n_p -= 1
+    # cyclists near the right road edge (and some on the left, against our direction)
+    n_c = n_cyc if n_cyc is not None else int(rng.integers(1, 6))
+    tries = 0
+    while n_c > 0 and tries < 400:
+        tries += 1
+        side = rng.choice([-1, 1])
+        y = side * (road_half - park_w - rng.uniform(0.5, 1.2)) if park_w > 0 else side * (road_half - rng.uniform(0.6, 1.5))
+        x = float(rng.uniform(x_lo + 8, x_hi * 0.8))
+        yaw = (0.0 if side < 0 else np.pi) + float(rng.normal(0, 0.05))
+        if rng.random() < 0.15:  # parked/walking bicycle on the sidewalk or odd heading
+            yaw = float(rng.uniform(0, 2 * np.pi))
+        speed = float(rng.uniform(3, 7)) if moving else 0.0
+        vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
+        if abs(y - ego_y) < 1.5 and x > -5:
+            continue
+        if add_object(CYCLIST, build_cyclist(rng), x, y, yaw, vel, False):
+            n_c -= 1
+    return Scene("street", int(seed), ground, b.build(), objects, ego_y, tilt, (x_lo, x_hi))
+
+
+def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
+    ground = _ground(rng, "open", 0.0)
+    tilt = ground.tilt()
+    b = PrimitiveBuilder()
+    placer = _Placer()
+    placer.take(0.0, 0.0, 2.5)
+    objects: list[SceneObject] = []
+    reach = float(min(length, 90.0))
+
+    def sample_xy(r_min=3.0, r_max=reach, half_angle=np.radians(60)):
+        # uniform in range (more near objects than area-uniform, as in driving data)
+        r = rng.uniform(r_min, r_max)
+        a = rng.uniform(-half_angle, half_angle)
+        return r * np.cos(a), r * np.sin(a)
+
+    # background: buildings far out, walls, trees, poles, clutter
+    for _ in range(int(rng.integers(2, 8) * clutter)):
+        x, y = sample_xy(20, reach + 20, np.radians(75))
+        yaw = float(rng.uniform(0, np.pi))
+        ln, dp, h = rng.uniform(6, 30), rng.uniform(5, 15), rng.uniform(3, 15)
+        if placer.free(x, y, np.hypot(ln, dp) / 2):
+            b.add(BOX, (x, y, ground.plane(x, y) + h / 2 - 0.5), (ln / 2, dp / 2, h / 2 + 0.5), rot_z(yaw),
+                  reflect=float(rng.uniform(0.15, 0.45)))
+            placer.take(x, y, np.hypot(ln, dp) / 2)
+    for _ in range(int(rng.integers(2, 8) * clutter)):  # walls / fences
+        x, y = sample_xy(5, reach)
+        yaw = float(rng.uniform(0, np.pi))
+        ln, h = rng.uniform(3, 20), rng.uniform(0.6, 2.5)
+        if placer.free(x, y, ln / 2):
+            b.add(BOX, (x, y, ground.plane(x, y) + h / 2), (ln / 2, 0.1, h / 2), rot_z(yaw),
+                  reflect=float(rng.uniform(0.15, 0.5)), hit_prob=1.0 if rng.random() < 0.6 else 0.5)
+            placer.take(x, y, ln / 2)
+    for _ in range(int(rng.integers(5, 25) * clutter)):
+        x, y = sample_xy(4, reach)
+        if placer.free(x, y, 0.6):
+            u = rng.random()
+            z0 = ground.plane(x, y)
+            if u < 0.35:
+                _add_tree(b, rng, x, y, z0)
+            elif u < 0.6:
+                _add_pole(b, rng, x, y, z0, float(rng.uniform(0, 2 * np.pi)))
+            else:
+                _add_clutter(b, rng, x, y, z0, float(rng.uniform(0, 2 * np.pi)))
+            placer.take(x, y, 0.6)
+
+    counts = {
+        CAR: n_cars if n_cars is not None else int(rng.integers(6, 20)),
+        PEDESTRIAN: n_peds if n_peds is not None else int(rng.integers(4, 14)),
+        CYCLIST: n_cyc if n_cyc is not None else int(rng.integers(2, 8)),
+    }
+    speeds = {CAR: (2, 12), PEDESTRIAN: (0.6, 1.8), CYCLIST: (2, 7)}
+    oid = 0
+    for label, n in counts.items():
+        tries = 0
+        while n > 0 and tries < 300:
+            tries += 1
+            parts = BUILDERS[label](rng)
+            x, y = sample_xy(3.0, reach * (1.0 if label == CAR else 0.7))
+            if rng.random() < 0.3 and objects:  # groups: near an existing object (occlusion, crowds)
+                ref = objects[int(rng.integers(0, len(objects)))].position
+                x, y = ref[0] + rng.normal(0, 3), ref[1] + rng.normal(0, 3)
+            r = _object_radius(parts)
+            if not placer.free(x, y, r):
+                continue
+            yaw = float(rng.uniform(-np.pi, np.pi))
+            sp = float(rng.uniform(*speeds[label])) if (moving and rng.random() < 0.5) else 0.0
+            objects.append(SceneObject(label, parts, np.array([x, y, ground.plane(x, y)]), yaw,
+                                       sp * np.array([np.cos(yaw), np.sin(yaw)]), oid))
+            placer.take(x, y, r)
+            oid += 1
+            n -= 1
+    return Scene("open", int(seed), ground, b.build(), objects, 0.0, tilt, (-20.0, reach + 30))

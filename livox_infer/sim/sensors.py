@@ -1,0 +1,198 @@
+"""Livox sensor models: scan patterns, point rates, range limits.
+
+Directions are generated in angular coordinates (azimuth ``az`` about +z, elevation ``el`` above the
+x-y plane, degrees) and turned into unit vectors in the sensor frame (REP-103: x forward, y left, z up):
+``d = (cos el cos az, cos el sin az, sin el)``.
+
+Patterns (all continue in time across frames: frame k covers ``[k*period, (k+1)*period)`` of one
+continuous trajectory, so non-repetitive patterns differ frame to frame and fill in over time):
+
+* ``rosette`` (Mid-40, Mid-70, Tele-15, Avia): first-order model of a Risley pair: two wedge prisms
+  spinning in opposite directions add two rotating deflection vectors of equal length,
+  ``D(t) = A/2 (e^{i w1 t} + e^{i w2 t})``. The Mid-40 prism speeds (7294 rpm and -4664 rpm) are the
+  published ones; the others use nearby incommensurable speeds. Density peaks at the FOV centre
+  (retina-like) as on the real sensors.
+* ``horizon`` (Horizon): measured from real Horizon recordings (/work/shared/data): six lasers with
+  fixed angular offsets (about 1 deg apart in elevation) sweep horizontally together in a rounded
+  triangle wave (about 70 Hz); elevation is a square-ish wave locked to the sweep (lower on the
+  leftward sweep, higher on the rightward one) plus a slow ~5 Hz drift that fills the vertical FOV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from livox_infer.errors import ConfigError
+
+TWO_PI = 2.0 * np.pi
+
+
+@dataclass(frozen=True)
+class SensorModel:
+    """One Livox model. Angles in degrees, ranges in metres, rates in points per second."""
+
+    name: str
+    point_rate: float
+    n_lines: int
+    fov_shape: str  # "circle" (off-axis angle <= fov_h/2) or "rect" (|az| <= h/2, |el| <= v/2)
+    fov_h_deg: float  # datasheet horizontal FOV
+    fov_v_deg: float  # datasheet vertical FOV
+    pattern: str  # "rosette" or "horizon"
+    range_min: float
+    range_at_10pct: float  # max range on a 10 % reflectance target
+    range_at_80pct: float  # max range on an 80 % reflectance target
+    range_noise: float = 0.02  # 1 sigma, m
+    angle_noise_deg: float = 0.03  # 1 sigma per axis, truncated at 2 sigma
+    beam_divergence_deg: float = 0.1
+    # rosette: prism rotation frequencies (Hz) and half-axes of the deflection ellipse (deg)
+    prism_hz: tuple[float, float] = (121.5667, -77.7333)
+    half_axes_deg: tuple[float, float] = (0.0, 0.0)
+    # per-line angular offsets (deg): (az, el) for each laser
+    line_offsets_deg: tuple[tuple[float, float], ...] = ((0.0, 0.0),)
+    # horizon-style sweep parameters
+    sweep_hz: float = 0.0
+    sweep_half_deg: float = 0.0
+    sweep_center_deg: float = 0.0
+    step_half_deg: float = 0.0
+    drift_hz: float = 0.0
+    drift_half_deg: float = 0.0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ bounds
+    @property
+    def max_abs_az_deg(self) -> float:
+        """Largest |azimuth| the pattern can produce (including angle noise)."""
+        noise = 2.0 * self.angle_noise_deg
+        if self.pattern == "horizon":
+            off = max(abs(o[0]) for o in self.line_offsets_deg)
+            return abs(self.sweep_center_deg) + self.sweep_half_deg * 1.08 + off + noise
+        off = max(abs(o[0]) for o in self.line_offsets_deg)
+        return self.half_axes_deg[0] + off + noise
+
+    @property
+    def max_abs_el_deg(self) -> float:
+        noise = 2.0 * self.angle_noise_deg
+        off = max(abs(o[1]) for o in self.line_offsets_deg)
+        if self.pattern == "horizon":
+            return self.step_half_deg + self.drift_half_deg + off + noise
+        return self.half_axes_deg[1] + off + noise
+
+    def points_per_frame(self, period: float = 0.1) -> int:
+        return int(round(self.point_rate * period))
+
+    def max_range(self, reflectance: np.ndarray) -> np.ndarray:
+        """Detection range limit for a target of effective reflectance (0..1): R ~ sqrt(rho),
+        fitted through the two datasheet points."""
+        rho = np.clip(reflectance, 1e-3, 1.0)
+        # log-log line through (0.1, R10) and (0.8, R80)
+        slope = np.log(self.range_at_80pct / self.range_at_10pct) / np.log(8.0)
+        return self.range_at_10pct * (rho / 0.1) ** slope
+
+    # ---------------------------------------------------------------- pattern
+    def pattern_phases(self, seed: int) -> np.ndarray:
+        """Per-unit random phases so different seeds scan differently; fixed for one seed."""
+        return np.random.default_rng([int(seed), 7919]).uniform(0.0, TWO_PI, size=4)
+
+    def angles(self, t: np.ndarray, line: np.ndarray, phases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nominal azimuth and elevation (deg) of each shot at absolute scan time ``t`` (s) on laser ``line``."""
+        offsets = np.asarray(self.line_offsets_deg, dtype=np.float64)
+        off_az = offsets[line, 0]
+        off_el = offsets[line, 1]
+        if self.pattern == "rosette":
+            a = TWO_PI * self.prism_hz[0] * t + phases[0]
+            b = TWO_PI * self.prism_hz[1] * t + phases[1]
+            # two equal rotating deflections -> rosette through the centre; |D| <= 1
+            dx = 0.5 * (np.cos(a) + np.cos(b))
+            dy = 0.5 * (np.sin(a) + np.sin(b))
+            az = self.half_axes_deg[0] * dx + off_az
+            el = self.half_axes_deg[1] * dy + off_el
+        elif self.pattern == "horizon":
+            psi = TWO_PI * self.sweep_hz * t + phases[0]
+            k = 0.985  # rounds the triangle's turning points
+            tri = np.arcsin(k * np.sin(psi)) / np.arcsin(k)
+            # slow modulation of the sweep width (real sweeps reach 35..60 deg)
+            width = self.sweep_half_deg * (1.0 + 0.06 * np.sin(TWO_PI * 1.3 * t + phases[2]))
+            az = self.sweep_center_deg + width * tri + off_az
+            step = np.tanh(3.0 * np.cos(psi)) / np.tanh(3.0)
+            drift = np.sin(TWO_PI * self.drift_hz * t + phases[1])
+            el = self.step_half_deg * step + self.drift_half_deg * drift + off_el
+        else:  # pragma: no cover - guarded by the SENSORS table
+            raise ConfigError(f"unknown scan pattern {self.pattern!r}")
+        return az, el
+
+    def shots(self, frame_index: int, period: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All shots of one frame: (time from frame start (N,) f64, line (N,) u8, unit directions (N,3) f64).
+
+        Lasers fire interleaved (shot i on line i % n_lines), as the Livox driver orders them.
+        """
+        n = self.points_per_frame(period)
+        rel_t = np.arange(n, dtype=np.float64) / self.point_rate
+        abs_t = frame_index * period + rel_t
+        line = (np.arange(n) % self.n_lines).astype(np.uint8)
+        az, el = self.angles(abs_t, line, self.pattern_phases(seed))
+        return rel_t, line, angles_to_dirs(az, el)
+
+
+def angles_to_dirs(az_deg: np.ndarray, el_deg: np.ndarray) -> np.ndarray:
+    az = np.radians(az_deg)
+    el = np.radians(el_deg)
+    ce = np.cos(el)
+    return np.stack([ce * np.cos(az), ce * np.sin(az), np.sin(el)], axis=-1)
+
+
+def dirs_to_angles(xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Azimuth and elevation (deg) of vectors (N,3) (need not be unit length)."""
+    xyz = np.asarray(xyz, dtype=np.float64)
+    az = np.degrees(np.arctan2(xyz[:, 1], xyz[:, 0]))
+    el = np.degrees(np.arctan2(xyz[:, 2], np.hypot(xyz[:, 0], xyz[:, 1])))
+    return az, el
+
+
+def _six_line_offsets(az_spread: float, el_step: float) -> tuple[tuple[float, float], ...]:
+    # Interleaved firing order of the six lasers is not monotonic in elevation (as measured on a Horizon).
+    el_rank = (2.5, -1.5, 0.5, -0.5, 1.5, -2.5)
+    az_rank = (0.6, -0.2, 0.3, -0.6, 1.0, -1.0)
+    return tuple((az_spread * a, el_step * e) for a, e in zip(az_rank, el_rank))
+
+
+SENSORS: dict[str, SensorModel] = {
+    "mid40": SensorModel(
+        name="mid40", point_rate=100_000, n_lines=1, fov_shape="circle", fov_h_deg=38.4, fov_v_deg=38.4,
+        pattern="rosette", range_min=1.0, range_at_10pct=90.0, range_at_80pct=260.0,
+        prism_hz=(7294 / 60, -4664 / 60), half_axes_deg=(19.1, 19.1), beam_divergence_deg=0.28,
+    ),
+    "mid70": SensorModel(
+        name="mid70", point_rate=100_000, n_lines=1, fov_shape="circle", fov_h_deg=70.4, fov_v_deg=70.4,
+        pattern="rosette", range_min=0.05, range_at_10pct=90.0, range_at_80pct=260.0,
+        prism_hz=(7243 / 60, -4631 / 60), half_axes_deg=(35.1, 35.1), beam_divergence_deg=0.28,
+    ),
+    "tele15": SensorModel(
+        name="tele15", point_rate=240_000, n_lines=1, fov_shape="rect", fov_h_deg=14.5, fov_v_deg=16.2,
+        pattern="rosette", range_min=1.0, range_at_10pct=320.0, range_at_80pct=500.0,
+        prism_hz=(10412 / 60, -6935 / 60), half_axes_deg=(7.2, 8.05), beam_divergence_deg=0.12,
+    ),
+    "horizon": SensorModel(
+        name="horizon", point_rate=240_000, n_lines=6, fov_shape="rect", fov_h_deg=81.7, fov_v_deg=25.1,
+        pattern="horizon", range_min=0.5, range_at_10pct=90.0, range_at_80pct=260.0,
+        line_offsets_deg=_six_line_offsets(2.2, 0.95), sweep_hz=71.3, sweep_half_deg=46.0,
+        sweep_center_deg=-3.0, step_half_deg=5.2, drift_hz=4.93, drift_half_deg=6.3,
+        beam_divergence_deg=0.28,
+    ),
+    "avia": SensorModel(
+        name="avia", point_rate=240_000, n_lines=6, fov_shape="rect", fov_h_deg=70.4, fov_v_deg=77.2,
+        pattern="rosette", range_min=1.0, range_at_10pct=190.0, range_at_80pct=450.0,
+        prism_hz=(8157 / 60, -5219 / 60), half_axes_deg=(33.4, 33.4),
+        line_offsets_deg=_six_line_offsets(1.4, 1.9), beam_divergence_deg=0.28,
+    ),
+}
+
+
+def get_sensor(name: str | SensorModel) -> SensorModel:
+    if isinstance(name, SensorModel):
+        return name
+    try:
+        return SENSORS[str(name).lower().replace("-", "").replace("_", "")]
+    except KeyError:
+        raise ConfigError(f"unknown sensor {name!r}; choose one of {sorted(SENSORS)}") from None
