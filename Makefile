@@ -1,0 +1,34 @@
+# livox_infer: set up, test, demo, benchmark.  Every target sets up first (fast when already done).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Persistent torch.compile cache: later runs reuse compiled kernels instead of recompiling.
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
+export LIVOX_INFER_VENV := $(abspath $(VENV))
+
+.PHONY: setup test demo bench freeze vision-msgs clean-build
+
+setup:
+	bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) -m livox_infer.demo
+
+bench: setup
+	$(PY) -m livox_infer.cli bench decode
+	$(PY) -m livox_infer.cli bench voxelize
+	$(PY) -m livox_infer.cli bench pipeline
+
+# Rebuild only the vision_msgs interface package.
+vision-msgs:
+	FORCE=1 bash scripts/build_vision_msgs.sh $(VENV)
+
+# Print the current venv's pins (compare with requirements*.txt after a deliberate upgrade).
+freeze:
+	$(PY) -m pip freeze --exclude-editable
+
+clean-build:
+	rm -rf build/interfaces
