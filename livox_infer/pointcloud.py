@@ -306,41 +306,50 @@ def _strided(buf: np.ndarray, offset: int, dtype: np.dtype, height: int, width: 
     return view.reshape(height * width, *inner)  # copies only when rows are padded
 
 
-def _points_to_seconds(raw: np.ndarray, dtype: np.dtype, stamp_ns: int) -> np.ndarray:
-    if raw.size == 0:
-        return raw.astype(np.float64)
+def _points_to_seconds(column: np.ndarray, keep: np.ndarray | None, dtype: np.dtype, stamp_ns: int) -> np.ndarray:
+    """Seconds from the frame start for the kept points (rule in the module docstring).
+
+    Units and absolute/relative are judged on the kept points; the earliest-point fallback looks
+    at every point of the message so that filters do not move the frame start."""
+    kept = _take(column, keep)
+    if kept.size == 0:
+        return kept.astype(np.float64)
     if dtype.kind in "ui":
-        seconds = raw.astype(np.float64) * 1e-9
-        peak = float(seconds.max())
+        peak_s = float(kept.max()) * 1e-9
+        scale = 1e-9
     else:
-        values = raw.astype(np.float64)
-        finite = values[np.isfinite(values)]
-        peak = float(np.abs(finite).max()) if finite.size else 0.0
-        seconds = values * 1e-9 if peak > _FLOAT_NS_THRESHOLD else values
-        if peak > _FLOAT_NS_THRESHOLD:
-            peak *= 1e-9
-    if peak <= _ABSOLUTE_TIME_S:
-        return seconds
-    stamp_s = stamp_ns * 1e-9
-    finite = seconds[np.isfinite(seconds)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (stamp_s, stamp_s)
-    if stamp_ns > 0 and lo >= stamp_s - _STAMP_WINDOW_S and hi <= stamp_s + _STAMP_WINDOW_S:
-        if dtype.kind in "ui":  # exact integer subtraction before going to float
-            return (raw.astype(np.int64) - stamp_ns).astype(np.float64) * 1e-9
-        return seconds - stamp_s
-    return seconds - lo
+        with np.errstate(invalid="ignore"):
+            peak = float(np.fmax.reduce(np.abs(kept), initial=0.0))
+        scale = 1e-9 if peak > _FLOAT_NS_THRESHOLD else 1.0
+        peak_s = peak * scale
+    if peak_s <= _ABSOLUTE_TIME_S:
+        return kept.astype(np.float64) * scale if scale != 1.0 else kept.astype(np.float64)
+    stamp = stamp_ns * 1e-9 / scale  # header stamp in the column's unit
+    window = _STAMP_WINDOW_S / scale
+    if dtype.kind in "ui":
+        lo, hi = int(kept.min()), int(kept.max())
+        if stamp_ns > 0 and stamp - window <= lo and hi <= stamp + window:
+            return (kept.astype(np.int64) - stamp_ns).astype(np.float64) * 1e-9  # exact integer subtraction
+        return (kept.astype(np.int64) - int(column.min())).astype(np.float64) * 1e-9
+    with np.errstate(invalid="ignore"):
+        lo, hi = float(np.fmin.reduce(kept)), float(np.fmax.reduce(kept))
+    if stamp_ns > 0 and stamp - window <= lo and hi <= stamp + window:
+        return (kept.astype(np.float64) - stamp) * scale
+    with np.errstate(invalid="ignore"):
+        first = float(np.fmin.reduce(column))
+    return (kept.astype(np.float64) - first) * scale
 
 
-def _filter_mask(points: np.ndarray, tag: np.ndarray | None, filters: DecodeFilter | None) -> np.ndarray:
-    x, y, z = points[:, 0], points[:, 1], points[:, 2]
+def _filter_mask(x: np.ndarray, y: np.ndarray, z: np.ndarray, intensity: np.ndarray | None,
+                 tag: np.ndarray | None, filters: DecodeFilter | None) -> np.ndarray:
+    """Keep-mask over contiguous columns (contiguous float32 runs ~5x faster than strided)."""
     with np.errstate(over="ignore", invalid="ignore"):
         r2 = x * x
         r2 += y * y
         r2 += z * z
     # r2 > 0 drops (0,0,0) and NaN; r2 < inf drops +-inf and coordinates beyond ~1.8e19 m
     # (whose square overflows float32: no sensor measures that, so they are garbage too).
-    lo2 = 0.0
-    hi2 = np.inf
+    lo2, hi2 = 0.0, np.inf
     if filters is not None:
         if filters.min_range is not None and filters.min_range > 0:
             lo2 = float(filters.min_range) ** 2
@@ -348,7 +357,8 @@ def _filter_mask(points: np.ndarray, tag: np.ndarray | None, filters: DecodeFilt
             hi2 = float(filters.max_range) ** 2
     mask = (r2 >= lo2) if lo2 > 0 else (r2 > 0)
     mask &= (r2 <= hi2) if hi2 != np.inf else (r2 < np.inf)
-    mask &= np.isfinite(points[:, 3])
+    if intensity is not None and intensity.dtype.kind == "f":
+        mask &= np.isfinite(intensity)
     if filters is None:
         return mask
     for col, lo, hi in ((x, filters.x_min, filters.x_max), (y, filters.y_min, filters.y_max),
@@ -362,12 +372,14 @@ def _filter_mask(points: np.ndarray, tag: np.ndarray | None, filters: DecodeFilt
     return mask
 
 
-def _select_rows(points: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """``points[mask]`` for a C-contiguous (N, 4) float32 array, as a fresh contiguous array.
-    Indexing 16-byte records is several times faster than numpy's 2-D boolean indexing."""
-    if mask.all():
-        return points
-    return points.view(_XYZI_RECORD).reshape(-1)[mask].view(np.float32).reshape(-1, 4)
+def _keep_index(mask: np.ndarray) -> np.ndarray | None:
+    """Indices of kept points, or None when all are kept. ``take`` with an index array is
+    several times faster than boolean indexing when the mask is irregular (ROI, tag noise)."""
+    return None if mask.all() else np.flatnonzero(mask)
+
+
+def _take(array: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    return array if keep is None else array.take(keep, axis=0)
 
 
 def tag_keep_mask(tag: np.ndarray, mode: str) -> np.ndarray:
@@ -384,15 +396,21 @@ def tag_keep_mask(tag: np.ndarray, mode: str) -> np.ndarray:
 
 def filter_points(points: np.ndarray, time: np.ndarray | None = None, tag: np.ndarray | None = None,
                   filters: DecodeFilter | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Apply the decode filters to already-decoded arrays (CustomMsg, .pcd, simulator output)."""
+    """Apply the decode filters to already-decoded arrays (CustomMsg, .pcd, simulator output).
+    Returns fresh arrays (points (K,4) float32 C-contiguous, time, tag)."""
     points = np.ascontiguousarray(points, dtype=np.float32)
     if points.ndim != 2 or points.shape[1] != 4:
         raise PointCloudError(f"points must have shape (N, 4), got {points.shape}")
-    mask = _filter_mask(points, tag, filters)
-    out = _select_rows(points, mask)
-    if out is points:
-        out = points.copy()
-    return out, (None if time is None else np.asarray(time)[mask]), (None if tag is None else np.asarray(tag)[mask])
+    n = points.shape[0]
+    for name, arr in (("time", time), ("tag", tag)):
+        if arr is not None and np.shape(arr) != (n,):
+            raise PointCloudError(f"{name} must have shape ({n},), got {np.shape(arr)}")
+    columns = np.ascontiguousarray(points.T)
+    mask = _filter_mask(columns[0], columns[1], columns[2], columns[3],
+                        None if tag is None else np.asarray(tag), filters)
+    keep = np.flatnonzero(mask)  # always copy: the caller's arrays are not handed back
+    return (points.take(keep, axis=0), None if time is None else np.asarray(time).take(keep),
+            None if tag is None else np.asarray(tag).take(keep))
 
 
 def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Cloud:
@@ -415,26 +433,33 @@ def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Clou
                      None if plan.tag is None else np.zeros(0, np.uint8), stamp_ns, frame_id)
 
     geom = (height, width, point_step, row_step)
-    if plan.xyzi_base is not None:
-        # x, y, z, intensity are 16 consecutive bytes: copy them as one 16-byte record per point
-        pts = np.array(_strided(buf, plan.xyzi_base, _XYZI_RECORD, *geom)).view(np.float32).reshape(n, 4)
-    else:
-        pts = np.empty((n, 4), dtype=np.float32)
-        for col, (offset, dtype) in enumerate(plan.xyz):
-            pts[:, col] = _strided(buf, offset, dtype, *geom)
-        if plan.intensity is None:
-            pts[:, 3] = 0.0
-        else:
-            pts[:, 3] = _strided(buf, plan.intensity[0], plan.intensity[1], *geom)
     tag = None if plan.tag is None else _strided(buf, plan.tag[0], plan.tag[1], *geom).astype(np.uint8)
-
-    mask = _filter_mask(pts, tag, filters)
-    points = _select_rows(pts, mask)
+    if plan.xyzi_base is not None:
+        # x, y, z, intensity are 16 consecutive bytes: copy them as one 16-byte record per point,
+        # then a column-major copy for the mask arithmetic
+        pts = np.array(_strided(buf, plan.xyzi_base, _XYZI_RECORD, *geom)).view(np.float32).reshape(n, 4)
+        columns = np.ascontiguousarray(pts.T)
+        keep = _keep_index(_filter_mask(columns[0], columns[1], columns[2], columns[3], tag, filters))
+        points = _take(pts, keep)  # pts is already a private copy
+    else:
+        columns = np.empty((4, n), dtype=np.float32)
+        for col, (offset, dtype) in enumerate(plan.xyz):
+            columns[col] = _strided(buf, offset, dtype, *geom)
+        intensity = None
+        if plan.intensity is None:
+            columns[3] = 0.0
+        else:
+            intensity = _strided(buf, plan.intensity[0], plan.intensity[1], *geom)
+            columns[3] = intensity
+        float_intensity = intensity is not None and intensity.dtype.kind == "f"
+        keep = _keep_index(
+            _filter_mask(columns[0], columns[1], columns[2], columns[3] if float_intensity else None, tag, filters))
+        points = np.ascontiguousarray((columns if keep is None else columns.take(keep, axis=1)).T)
     time = None
     if plan.time is not None:
         _, offset, dtype = plan.time
-        time = _points_to_seconds(_strided(buf, offset, dtype, *geom), dtype, stamp_ns)[mask]
-    return Cloud(points=points, time=time, tag=None if tag is None else tag[mask],
+        time = _points_to_seconds(_strided(buf, offset, dtype, *geom), keep, dtype, stamp_ns)
+    return Cloud(points=points, time=time, tag=None if tag is None else _take(tag, keep),
                  stamp_ns=stamp_ns, frame_id=frame_id)
 
 

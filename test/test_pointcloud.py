@@ -357,3 +357,13 @@ def test_decodes_real_rclpy_pointcloud2():
     np.testing.assert_array_equal(cloud.points, pts[keep])
     np.testing.assert_allclose(cloud.time, t[keep], atol=1e-6)
     assert cloud.frame_id == "livox_frame"
+
+
+def test_bench_decode_cli_runs(capsys):
+    from livox_infer.cli import main
+
+    assert main(["bench", "decode", "--points", "2000", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "sensor_msgs_py:" in out
+    for layout in LAYOUTS:
+        assert f"{layout:8} livox_infer+filters" in out
