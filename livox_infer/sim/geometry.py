@@ -81,9 +81,9 @@ class PrimitiveBuilder:
     def add(self, kind: int, center, half, rot=None, *, reflect: float = 0.3, retro: bool = False,
             hit_prob: float = 1.0, volume_k: float = 0.0, instance: int = -1) -> None:
         r = self.rows
-        r["center"].append(np.asarray(center, dtype=np.float64))
-        r["rot"].append(np.eye(3) if rot is None else np.asarray(rot, dtype=np.float64))
-        r["half"].append(np.maximum(np.asarray(half, dtype=np.float64), 1e-3))
+        r["center"].append(tuple(center))
+        r["rot"].append(_EYE if rot is None else rot)
+        r["half"].append(tuple(half))
         r["kind"].append(kind)
         r["reflect"].append(reflect)
         r["retro"].append(retro)
@@ -96,11 +96,15 @@ class PrimitiveBuilder:
         if not r["center"]:
             return Primitives.empty()
         return Primitives(
-            np.stack(r["center"]), np.stack(r["rot"]), np.stack(r["half"]), np.asarray(r["kind"], np.int8),
+            np.array(r["center"], np.float64), np.array(r["rot"], np.float64),
+            np.maximum(np.array(r["half"], np.float64), 1e-3), np.asarray(r["kind"], np.int8),
             np.asarray(r["reflect"], np.float64), np.asarray(r["retro"], bool),
             np.asarray(r["hit_prob"], np.float64), np.asarray(r["volume_k"], np.float64),
             np.asarray(r["instance"], np.int32),
         )
+
+
+_EYE = np.eye(3)
 
 
 def rot_z(yaw: float | np.ndarray) -> np.ndarray:
@@ -157,31 +161,37 @@ class Ground:
 
     def intersect(self, o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ray parameter of the first ground hit (inf if none) and the unit normal there."""
+        n = len(d)
+        t = np.full(n, np.inf)
+        normal = np.zeros((n, 3))
+        normal[:, 2] = 1.0
         denom = d[:, 2] - self.gx * d[:, 0] - self.gy * d[:, 1]
-        num = self.gx * o[:, 0] + self.gy * o[:, 1] - o[:, 2]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(denom < -1e-9, num / denom, np.inf)
-        # two Newton steps onto the rough surface (roughness is cm-scale, slopes small)
-        for _ in range(2):
-            finite = np.isfinite(t)
-            tt = np.where(finite, t, 0.0)
-            p = o + tt[:, None] * d
-            err = p[:, 2] - self.height(p[:, 0], p[:, 1])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t = np.where(finite, tt - err / denom, np.inf)
-        t = np.where(t > 0, t, np.inf)
-        # normal of the rough surface: gradient of the height field
-        tt = np.where(np.isfinite(t), t, 0.0)
-        p = o + tt[:, None] * d
-        gx = np.full(len(t), self.gx)
-        gy = np.full(len(t), self.gy)
+        down = np.nonzero(denom < -1e-9)[0]
+        if not len(down):
+            return t, normal
+        od, dd, den = o[down], d[down], denom[down]
+        tp = (self.gx * od[:, 0] + self.gy * od[:, 1] - od[:, 2]) / den
+        # one Newton step onto the rough surface (roughness is cm-scale: the plane hit is close)
+        x = od[:, 0] + tp * dd[:, 0]
+        y = od[:, 1] + tp * dd[:, 1]
+        rough = np.zeros(len(down))
+        gx = np.full(len(down), self.gx)
+        gy = np.full(len(down), self.gy)
         for a, k, ph in zip(self.rough_amp, self.rough_k, self.rough_phase):
-            c = a * np.cos(k[0] * p[:, 0] + k[1] * p[:, 1] + ph)
-            gx = gx + c * k[0]
-            gy = gy + c * k[1]
-        n = np.stack([-gx, -gy, np.ones_like(gx)], -1)
-        n /= np.linalg.norm(n, axis=1, keepdims=True)
-        return t, n
+            arg = k[0] * x + k[1] * y + ph
+            rough += a * np.sin(arg)
+            c = a * np.cos(arg)
+            gx += c * k[0]
+            gy += c * k[1]
+        # z error at the plane hit is -rough; move along the ray by it over the slope-corrected rate
+        rate = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
+        rate = np.where(rate < -1e-6, rate, den)
+        tg = tp + rough / rate
+        tg = np.where(tg > 0, tg, np.inf)
+        t[down] = tg
+        nrm = np.stack([-gx, -gy, np.ones_like(gx)], 1)
+        normal[down] = nrm / np.sqrt((nrm * nrm).sum(1))[:, None]
+        return t, normal
 
     def reflectance(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         rho = np.full(x.shape, self.reflect_base)
@@ -259,102 +269,99 @@ def candidate_pairs(ray_az: np.ndarray, ray_el: np.ndarray, az0, az1, el0, el1, 
 
 
 def _safe_inv(v: np.ndarray) -> np.ndarray:
-    v = np.where(np.abs(v) < 1e-12, np.where(v < 0, -1e-12, 1e-12), v)
-    return 1.0 / v
+    return 1.0 / np.where(np.abs(v) < 1e-12, np.where(v < 0, -1e-12, 1e-12), v)
 
 
-def _intersect_pairs(o_s: np.ndarray, d_s: np.ndarray, kind: np.ndarray):
-    """Entry/exit parameters and entry normal (unit-shape coords) of rays (o_s, d_s) vs unit shapes."""
-    n = len(kind)
-    t_in = np.full(n, np.inf)
-    t_out = np.full(n, -np.inf)
-    nrm = np.zeros((n, 3))
-    edge = np.zeros(n)  # distance of the entry point to the silhouette in unit coords
-
-    # slab test, used by BOX and RBOX, and the z-slab of CYLINDER
-    inv = _safe_inv(d_s)
-    ta = (-1.0 - o_s) * inv
-    tb = (1.0 - o_s) * inv
-    tmin = np.minimum(ta, tb)
-    tmax = np.maximum(ta, tb)
-
-    boxlike = (kind == BOX) | (kind == RBOX)
-    if boxlike.any():
-        idx = np.nonzero(boxlike)[0]
-        tm = tmin[idx]
-        axis = np.argmax(tm, axis=1)
-        tin = tm[np.arange(len(idx)), axis]
-        tout = tmax[idx].min(1)
-        nb = np.zeros((len(idx), 3))
-        nb[np.arange(len(idx)), axis] = -np.sign(d_s[idx, axis])
-        p = o_s[idx] + tin[:, None] * d_s[idx]
-        # distance to the nearest face edge, ignoring the entry axis
-        m = 1.0 - np.abs(p)
-        m[np.arange(len(idx)), axis] = np.inf
-        e = m.min(1)
-        rb = kind[idx] == RBOX
-        if rb.any():
-            j = np.nonzero(rb)[0]
-            ci, co, cn = _cylinder(o_s[idx[j]], d_s[idx[j]], RBOX_ROUND)
-            use_c = ci > tin[j]
-            tin[j] = np.maximum(tin[j], ci)
-            tout[j] = np.minimum(tout[j], co)
-            nb[j] = np.where(use_c[:, None], cn, nb[j])
-        t_in[idx], t_out[idx], nrm[idx], edge[idx] = tin, tout, nb, e
-
-    cyl = kind == CYLINDER
-    if cyl.any():
-        idx = np.nonzero(cyl)[0]
-        ci, co, cn = _cylinder(o_s[idx], d_s[idx], 1.0)
-        zi, zo = tmin[idx, 2], tmax[idx, 2]
-        cap = zi > ci
-        tin = np.maximum(ci, zi)
-        tout = np.minimum(co, zo)
-        nz = np.zeros_like(cn)
-        nz[:, 2] = -np.sign(d_s[idx, 2])
-        nb = np.where(cap[:, None], nz, cn)
-        p = o_s[idx] + np.where(np.isfinite(tin), tin, 0.0)[:, None] * d_s[idx]
-        # silhouette distance: perpendicular offset of the ray from the axis vs radius, and the caps
-        dxy = d_s[idx, :2]
-        a = np.maximum((dxy * dxy).sum(1), 1e-12)
-        perp = np.abs(o_s[idx, 0] * dxy[:, 1] - o_s[idx, 1] * dxy[:, 0]) / np.sqrt(a)
-        e = np.minimum(1.0 - perp, 1.0 - np.abs(p[:, 2]))
-        t_in[idx], t_out[idx], nrm[idx], edge[idx] = tin, tout, nb, e
-
-    ell = kind == ELLIPSOID
-    if ell.any():
-        idx = np.nonzero(ell)[0]
-        o, d = o_s[idx], d_s[idx]
-        a = (d * d).sum(1)
-        b = (o * d).sum(1)
-        c = (o * o).sum(1) - 1.0
-        disc = b * b - a * c
-        ok = disc >= 0
-        sq = np.sqrt(np.where(ok, disc, 0.0))
-        tin = np.where(ok, (-b - sq) / a, np.inf)
-        tout = np.where(ok, (-b + sq) / a, -np.inf)
-        p = o + np.where(ok, tin, 0.0)[:, None] * d
-        # closest approach of the ray to the centre vs radius 1
-        closest = np.sqrt(np.maximum(c + 1.0 - b * b / a, 0.0))
-        t_in[idx], t_out[idx], nrm[idx], edge[idx] = tin, tout, p, 1.0 - closest
-    return t_in, t_out, nrm, edge
+def _slab(o: np.ndarray, d: np.ndarray):
+    inv = _safe_inv(d)
+    ta = (-1.0 - o) * inv
+    tb = (1.0 - o) * inv
+    return np.minimum(ta, tb), np.maximum(ta, tb)
 
 
-def _cylinder(o: np.ndarray, d: np.ndarray, radius: float):
-    """Infinite cylinder x^2 + y^2 <= radius^2 along z: entry, exit, entry normal."""
-    a = d[:, 0] ** 2 + d[:, 1] ** 2
-    b = o[:, 0] * d[:, 0] + o[:, 1] * d[:, 1]
-    c = o[:, 0] ** 2 + o[:, 1] ** 2 - radius * radius
-    parallel = a < 1e-12
+def _quadratic(a, b, c):
+    """Roots of a t^2 + 2 b t + c = 0 (entry, exit); (inf, -inf) when the ray misses."""
     disc = b * b - a * c
-    ok = (disc >= 0) & ~parallel
+    ok = (disc >= 0) & (a > 1e-18)
     sq = np.sqrt(np.where(ok, disc, 0.0))
-    a_safe = np.where(parallel, 1.0, a)
-    tin = np.where(ok, (-b - sq) / a_safe, np.where(parallel & (c <= 0), -np.inf, np.inf))
-    tout = np.where(ok, (-b + sq) / a_safe, np.where(parallel & (c <= 0), np.inf, -np.inf))
-    p = o + np.where(np.isfinite(tin), tin, 0.0)[:, None] * d
-    n = np.stack([p[:, 0], p[:, 1], np.zeros(len(p))], -1)
-    return tin, tout, n
+    a_safe = np.where(ok, a, 1.0)
+    return np.where(ok, (-b - sq) / a_safe, np.inf), np.where(ok, (-b + sq) / a_safe, -np.inf)
+
+
+def _pair_intervals(ox, oy, oz, dx, dy, dz, kind):
+    """Entry/exit ray parameters of (ray, unit shape) pairs, computed column-wise for all kinds at once
+    (a few dozen element-wise passes; cheaper than splitting the pairs by kind)."""
+    xmin, xmax = _slab(ox, dx)
+    ymin, ymax = _slab(oy, dy)
+    zmin, zmax = _slab(oz, dz)
+    box_in = np.maximum(np.maximum(xmin, ymin), zmin)
+    box_out = np.minimum(np.minimum(xmax, ymax), zmax)
+    t_in = box_in.copy()
+    t_out = box_out.copy()
+    for k_id in (CYLINDER, RBOX, ELLIPSOID):
+        idx = np.nonzero(kind == k_id)[0]
+        if not len(idx):
+            continue
+        x, y, z, u, v, w = ox[idx], oy[idx], oz[idx], dx[idx], dy[idx], dz[idx]
+        a_xy = u * u + v * v
+        b_xy = x * u + y * v
+        c_xy = x * x + y * y
+        if k_id == ELLIPSOID:
+            ti, to = _quadratic(a_xy + w * w, b_xy + z * w, c_xy + z * z - 1.0)
+        else:
+            r2 = 1.0 if k_id == CYLINDER else RBOX_ROUND * RBOX_ROUND
+            ti, to = _quadratic(a_xy, b_xy, c_xy - r2)
+            # parallel to the axis: inside the disc for all t, or never
+            inside_par = (a_xy <= 1e-18) & (c_xy <= r2)
+            ti = np.where(inside_par, -np.inf, ti)
+            to = np.where(inside_par, np.inf, to)
+            if k_id == CYLINDER:
+                ti = np.maximum(ti, zmin[idx])
+                to = np.minimum(to, zmax[idx])
+            else:
+                ti = np.maximum(ti, box_in[idx])
+                to = np.minimum(to, box_out[idx])
+        t_in[idx] = ti
+        t_out[idx] = to
+    return t_in, t_out
+
+
+def _entry_normal_and_edge(ox, oy, oz, dx, dy, dz, kind, t):
+    """Entry normal (unit-shape coords, not normalised) and the entry point's distance to the silhouette
+    (unit-shape coords) for first hits only."""
+    px, py, pz = ox + t * dx, oy + t * dy, oz + t * dz
+    xmin, _ = _slab(ox, dx)
+    ymin, _ = _slab(oy, dy)
+    zmin, _ = _slab(oz, dz)
+    # box: the entry face is the slab entered last
+    fx = (xmin >= ymin) & (xmin >= zmin)
+    fy = ~fx & (ymin >= zmin)
+    fz = ~fx & ~fy
+    nx = np.where(fx, -np.sign(dx), 0.0)
+    ny = np.where(fy, -np.sign(dy), 0.0)
+    nz = np.where(fz, -np.sign(dz), 0.0)
+    ax, ay, az = 1 - np.abs(px), 1 - np.abs(py), 1 - np.abs(pz)
+    box_edge = np.where(fx, np.minimum(ay, az), np.where(fy, np.minimum(ax, az), np.minimum(ax, ay)))
+    # cylinder side (or RBOX rounded corner): radial normal
+    a_xy = np.maximum(dx * dx + dy * dy, 1e-18)
+    perp = np.abs(ox * dy - oy * dx) / np.sqrt(a_xy)
+    side_cyl = (kind == CYLINDER) & ~(fz & (zmin >= t - 1e-9))
+    side_rb = (kind == RBOX) & (px * px + py * py > (RBOX_ROUND - 1e-6) ** 2)
+    radial = side_cyl | side_rb
+    nx = np.where(radial, px, nx)
+    ny = np.where(radial, py, ny)
+    nz = np.where(radial, 0.0, nz)
+    cyl_edge = np.minimum(1.0 - perp, 1.0 - np.abs(pz))
+    ell = kind == ELLIPSOID
+    nx = np.where(ell, px, nx)
+    ny = np.where(ell, py, ny)
+    nz = np.where(ell, pz, nz)
+    a = np.maximum(a_xy + dz * dz, 1e-18)
+    b = ox * dx + oy * dy + oz * dz
+    closest = np.sqrt(np.maximum(ox * ox + oy * oy + oz * oz - b * b / a, 0.0))
+    edge = np.where(ell, 1.0 - closest, np.where(kind == CYLINDER, cyl_edge, box_edge))
+    # nz for cylinder caps: the box logic above already set the z face when the cap is entered
+    return nx, ny, nz, edge
 
 
 def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | None, rng: np.random.Generator,
@@ -365,73 +372,83 @@ def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | 
     so a ray may pass a window and return from the seat behind it.
     """
     n = len(d)
-    o_ref = o.mean(0)
-    pad = float(np.max(np.linalg.norm(o - o_ref, axis=1))) if n else 0.0
+    o_ref = o.mean(0) if n else np.zeros(3)
+    dv = o - o_ref
+    pad = float(np.sqrt(np.max(dv[:, 0] ** 2 + dv[:, 1] ** 2 + dv[:, 2] ** 2))) if n else 0.0
+    moving = pad > 0
     best_t = np.full(n, np.inf)
     best_p = np.full(n, -2, dtype=np.int64)
     best_n = np.zeros((n, 3))
     second_t = np.full(n, np.inf)
     edge = np.full(n, np.inf)
 
-    if len(prims):
+    if len(prims) and n:
         az0, az1, el0, el1, dmin = _angular_windows(prims, o_ref, heading, pad)
-        keep = dmin < max_dist
-        sel = np.nonzero(keep)[0]
-        ray_az = np.angle(np.exp(1j * (np.arctan2(d[:, 1], d[:, 0]) - heading)))
+        sel = np.nonzero(dmin < max_dist)[0]
+        ray_az = np.arctan2(d[:, 1], d[:, 0]) - heading
+        ray_az = (ray_az + np.pi) % (2 * np.pi) - np.pi
         ray_el = np.arcsin(np.clip(d[:, 2], -1, 1))
         ray_i, pk = candidate_pairs(ray_az, ray_el, az0[sel], az1[sel], el0[sel], el1[sel])
         prim_i = sel[pk]
         if len(ray_i):
-            rot = prims.rot[prim_i]
-            half = prims.half[prim_i]
-            rel = o[ray_i] - prims.center[prim_i]
-            o_s = np.einsum("pji,pj->pi", rot, rel) / half
-            d_s = np.einsum("pji,pj->pi", rot, d[ray_i]) / half
-            t_in, t_out, nrm_s, edge_s = _intersect_pairs(o_s, d_s, prims.kind[prim_i])
-            hit = (t_in <= t_out) & (t_out > 0) & (t_in > 0)
-            ray_i, prim_i, t_in, t_out = ray_i[hit], prim_i[hit], t_in[hit], t_out[hit]
-            nrm_s, edge_s, half, rot = nrm_s[hit], edge_s[hit], half[hit], rot[hit]
-            # volumes (foliage): return probability grows with the path length inside
+            # per primitive: world -> unit-shape map M = R^T / half, and the reference origin mapped
+            M = np.swapaxes(prims.rot, 1, 2) / prims.half[:, :, None]
+            q = np.einsum("pij,pj->pi", M, o_ref - prims.center)
+            Mp = [M[:, i, j][prim_i] for i in range(3) for j in range(3)]
+            dxr, dyr, dzr = d[ray_i, 0], d[ray_i, 1], d[ray_i, 2]
+            dsx = Mp[0] * dxr + Mp[1] * dyr + Mp[2] * dzr
+            dsy = Mp[3] * dxr + Mp[4] * dyr + Mp[5] * dzr
+            dsz = Mp[6] * dxr + Mp[7] * dyr + Mp[8] * dzr
+            osx, osy, osz = q[prim_i, 0], q[prim_i, 1], q[prim_i, 2]
+            if moving:
+                vx, vy, vz = dv[ray_i, 0], dv[ray_i, 1], dv[ray_i, 2]
+                osx = osx + Mp[0] * vx + Mp[1] * vy + Mp[2] * vz
+                osy = osy + Mp[3] * vx + Mp[4] * vy + Mp[5] * vz
+                osz = osz + Mp[6] * vx + Mp[7] * vy + Mp[8] * vz
+            kind = prims.kind[prim_i]
+            t_in, t_out = _pair_intervals(osx, osy, osz, dsx, dsy, dsz, kind)
+            hit = (t_in <= t_out) & (t_in > 0)
+            # accept: solid surfaces by hit probability; volumes (foliage) by path length inside
             k = prims.volume_k[prim_i]
-            vol = k > 0
-            path = t_out - t_in
-            p_acc = np.where(vol, 1.0 - np.exp(-k * path), 1.0) * prims.hit_prob[prim_i]
-            accept = rng.random(len(ray_i)) < p_acc
-            t_hit = t_in.copy()
+            path = np.maximum(t_out - t_in, 0.0)
+            p_acc = np.where(k > 0, -np.expm1(-k * path), 1.0) * prims.hit_prob[prim_i]
+            hit &= rng.random(len(ray_i)) < p_acc
+            hi = np.nonzero(hit)[0]
+            t_hit = t_in[hi]
+            vol = k[hi] > 0
             if vol.any():
-                # depth of the leaf that returned: exponential, truncated to the path inside
+                # depth of the returning leaf: exponential, truncated to the path inside
                 u = rng.random(int(vol.sum()))
-                kv, lv = k[vol], path[vol]
-                depth = -np.log1p(-u * (1.0 - np.exp(-kv * lv))) / kv
-                t_hit[vol] = t_in[vol] + depth
-            ray_i, prim_i, t_hit = ray_i[accept], prim_i[accept], t_hit[accept]
-            nrm_s, edge_s, half, rot, vol = nrm_s[accept], edge_s[accept], half[accept], rot[accept], vol[accept]
-            if len(ray_i):
-                order = np.lexsort((t_hit, ray_i))
-                rs = ray_i[order]
-                first = np.ones(len(rs), bool)
-                first[1:] = rs[1:] != rs[:-1]
-                fi = order[first]
-                r = ray_i[fi]
-                best_t[r] = t_hit[fi]
-                best_p[r] = prim_i[fi]
-                nl = nrm_s[fi] / half[fi]
-                nw = np.einsum("pij,pj->pi", rot[fi], nl)
-                nw /= np.maximum(np.linalg.norm(nw, axis=1, keepdims=True), 1e-12)
-                # foliage: leaves face every way
-                if vol[fi].any():
-                    vv = np.nonzero(vol[fi])[0]
-                    rnd = rng.normal(size=(len(vv), 3))
-                    nw[vv] = rnd / np.linalg.norm(rnd, axis=1, keepdims=True)
-                best_n[r] = nw
-                # angular distance to the silhouette: unit-coordinate margin times the smallest half
-                # extent, over the range
-                edge[r] = np.clip(edge_s[fi], 0, None) * half[fi].min(1) / np.maximum(t_hit[fi], 1e-3)
-                # the next surface along the ray (another primitive) for mixed returns at edges
-                sec = np.zeros(len(rs), bool)
-                sec[1:] = (~first[1:]) & first[:-1]
-                si = order[sec]
-                second_t[ray_i[si]] = t_hit[si]
+                kv, lv = k[hi][vol], path[hi][vol]
+                t_hit[vol] = t_hit[vol] - np.log1p(-u * -np.expm1(-kv * lv)) / kv
+            rh = ray_i[hi]
+            np.minimum.at(best_t, rh, t_hit)
+            is_first = t_hit == best_t[rh]
+            # one winner per ray even on exact ties
+            fsel = hi[is_first]
+            rf = ray_i[fsel]
+            winner = np.full(n, -1, np.int64)
+            winner[rf] = fsel
+            fsel = winner[winner >= 0]
+            rf = ray_i[fsel]
+            # the next surface along the ray (for mixed returns at silhouettes)
+            rest = ~np.isin(hi, fsel)
+            np.minimum.at(second_t, rh[rest], t_hit[rest])
+            best_p[rf] = prim_i[fsel]
+            nx, ny, nz, e = _entry_normal_and_edge(osx[fsel], osy[fsel], osz[fsel], dsx[fsel], dsy[fsel], dsz[fsel],
+                                                    kind[fsel], t_in[fsel])
+            pf = prim_i[fsel]
+            half = prims.half[pf]
+            nl = np.stack([nx / half[:, 0], ny / half[:, 1], nz / half[:, 2]], 1)
+            nw = np.einsum("pij,pj->pi", prims.rot[pf], nl)
+            fvol = prims.volume_k[pf] > 0
+            if fvol.any():  # leaves face every way
+                nw[fvol] = rng.normal(size=(int(fvol.sum()), 3))
+            nw /= np.maximum(np.sqrt(nw[:, 0] ** 2 + nw[:, 1] ** 2 + nw[:, 2] ** 2), 1e-12)[:, None]
+            best_n[rf] = nw
+            # angular distance to the silhouette: unit-shape margin x smallest half extent / range
+            hmin = np.minimum(np.minimum(half[:, 0], half[:, 1]), half[:, 2])
+            edge[rf] = np.where(fvol, np.inf, np.clip(e, 0, None) * hmin / np.maximum(best_t[rf], 1e-3))
 
     if ground is not None:
         tg, ng = ground.intersect(o, d)

@@ -74,17 +74,37 @@ class Scene:
         return np.array([ob.label for ob in self.objects], dtype=np.int64)
 
 
+def _pick(rng, items, probs):
+    """rng.choice with probabilities, without its per-call overhead (scene building calls it a lot)."""
+    u = rng.random()
+    acc = 0.0
+    for item, p in zip(items, probs):
+        acc += p
+        if u < acc:
+            return item
+    return items[-1]
+
+
+def _sign(rng) -> float:
+    return -1.0 if rng.random() < 0.5 else 1.0
+
+
 # ------------------------------------------------------------------------------------- materials
 def _paint(rng) -> float:
     # car colours: black/dark, grey/silver, white, coloured (NIR reflectance)
-    return float(rng.choice([0.06, 0.15, 0.35, 0.55, 0.75], p=[0.25, 0.2, 0.2, 0.2, 0.15]) * rng.uniform(0.8, 1.2))
+    k = int(np.searchsorted(_PAINT_CDF, rng.random()))
+    return float(_PAINT_REFLECT[min(k, 4)] * rng.uniform(0.8, 1.2))
+
+
+_PAINT_REFLECT = (0.06, 0.15, 0.35, 0.55, 0.75)
+_PAINT_CDF = np.cumsum([0.25, 0.2, 0.2, 0.2, 0.15])
 
 
 # ------------------------------------------------------------------------------------ object parts
 def build_car(rng: np.random.Generator, kind: str | None = None) -> Primitives:
     """A car as a LiDAR sees it: lower body with wheel wells, glass greenhouse (mostly transparent)
     with seats behind it, metal roof, wheels, retro-reflective plates and tail lights."""
-    kind = kind or rng.choice(["sedan", "hatch", "suv", "van"], p=[0.45, 0.25, 0.22, 0.08])
+    kind = kind or _pick(rng, ("sedan", "hatch", "suv", "van"), (0.45, 0.25, 0.22, 0.08))
     L = float(np.clip(rng.normal(3.9, 0.4), 3.2, 5.3))
     W = float(rng.uniform(1.6, 1.9))
     H = float(np.clip(rng.normal(1.5, 0.15), 1.3, 1.95))
@@ -430,7 +450,7 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
 
 
 def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed) -> Scene:
-    lanes_each = int(rng.choice([1, 2], p=[0.6, 0.4]))
+    lanes_each = int(_pick(rng, (1, 2), (0.6, 0.4)))
     lane_w = 3.4
     park_w = 2.3 if rng.random() < 0.85 else 0.0
     road_half = lanes_each * lane_w + park_w
@@ -498,7 +518,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     # sidewalk clutter
     n_clutter = int(rng.integers(10, 30) * clutter)
     for _ in range(n_clutter):
-        side = rng.choice([-1, 1])
+        side = _sign(rng)
         ww = walk_w[0] if side < 0 else walk_w[1]
         x = float(rng.uniform(x_lo + 5, x_hi))
         y = side * (road_half + rng.uniform(0.5, ww))
@@ -528,7 +548,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     tries = 0
     while n_parked > 0 and tries < 400:
         tries += 1
-        side = rng.choice([-1, 1])
+        side = _sign(rng)
         x = float(rng.uniform(x_lo + 10, x_hi))
         if park_w > 0:
             y = side * (road_half - park_w / 2 + rng.uniform(-0.15, 0.15))
@@ -547,7 +567,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     while n_moving_cars > 0 and tries < 400:
         tries += 1
         lane = int(rng.integers(0, lanes_each))
-        side = rng.choice([-1, 1])
+        side = _sign(rng)
         y = side * (lane + 0.5) * lane_w + float(rng.normal(0, 0.2))
         x = float(rng.uniform(x_lo + 8, x_hi))
         yaw = (0.0 if side < 0 else np.pi) + float(rng.normal(0, 0.02))
@@ -566,13 +586,13 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         x = float(rng.uniform(x_lo + 5, x_hi * 0.8))
         if crossing:
             y = float(rng.uniform(-road_half, road_half))
-            yaw = np.pi / 2 * rng.choice([-1, 1]) + float(rng.normal(0, 0.2))
+            yaw = np.pi / 2 * _sign(rng) + float(rng.normal(0, 0.2))
             on_walk = False
         else:
-            side = rng.choice([-1, 1])
+            side = _sign(rng)
             ww = walk_w[0] if side < 0 else walk_w[1]
             y = side * (road_half + rng.uniform(0.3, ww))
-            yaw = float(rng.choice([0.0, np.pi]) + rng.normal(0, 0.3)) if rng.random() < 0.75 else float(rng.uniform(0, 2 * np.pi))
+            yaw = float((0.0 if rng.random() < 0.5 else np.pi) + rng.normal(0, 0.3)) if rng.random() < 0.75 else float(rng.uniform(0, 2 * np.pi))
             on_walk = True
         if abs(y - ego_y) < 2.5 and abs(x) < 10:
             continue
@@ -585,7 +605,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     tries = 0
     while n_c > 0 and tries < 400:
         tries += 1
-        side = rng.choice([-1, 1])
+        side = _sign(rng)
         y = side * (road_half - park_w - rng.uniform(0.5, 1.2)) if park_w > 0 else side * (road_half - rng.uniform(0.6, 1.5))
         x = float(rng.uniform(x_lo + 8, x_hi * 0.8))
         yaw = (0.0 if side < 0 else np.pi) + float(rng.normal(0, 0.05))

@@ -151,17 +151,17 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     ok = hit & (t <= r_max) & (t >= sensor_model.range_min) & (rng.random(n) >= dropout)
     # low-return far points drop out more often near the limit
     ok &= rng.random(n) >= np.clip((t / r_max - 0.7) / 0.3, 0, 1) * 0.5
-    rng_out = t.copy()
+    rng_out = np.where(hit, t, 0.0)
     tag = np.zeros(n, np.uint8)
     on_surface = ok.copy()
     if mixed_edges:
         half_div = np.radians(sensor_model.beam_divergence_deg) / 2
-        gap = hits.t_second - t
-        near_edge = ok & (hits.edge < half_div) & np.isfinite(hits.t_second) & (gap > 0.3)
+        gap = np.where(ok & np.isfinite(hits.t_second), hits.t_second - rng_out, 0.0)
+        near_edge = ok & (hits.edge < half_div) & (gap > 0.3)
         p_mix = 0.6 * (1.0 - hits.edge / half_div)
         mix = near_edge & (rng.random(n) < p_mix)
         frac = rng.random(n)
-        rng_out = np.where(mix, t + frac * gap, rng_out)
+        rng_out = np.where(mix, rng_out + frac * gap, rng_out)
         tag = np.where(mix, np.where((frac > 0.1) & (frac < 0.9), TAG_NOISE_HIGH, TAG_NOISE_MODERATE), tag).astype(np.uint8)
         on_surface &= ~mix
     sigma = range_noise * np.maximum(1.0, rng_out / 50.0)
@@ -190,15 +190,9 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     # ---- ground truth in the sensor frame at the frame start
     o0 = ego_origin(np.array([t0]))[0]
     boxes, keep, vel_s = _ground_truth(scn, prims, obj_rot, o0, R)
-    kept_idx = np.nonzero(keep)[0]
-    remap = np.full(len(scn.objects) + 1, -1, np.int64)
-    remap[kept_idx] = np.arange(len(kept_idx))
-    d0 = np.linalg.norm(boxes[:, :2], axis=1) if len(boxes) else np.zeros(0)
-    in_range = d0 <= max_box_range
-    keep_final = np.zeros(len(scn.objects), bool)
-    keep_final[kept_idx[in_range[kept_idx]]] = True
-    kept_idx = np.nonzero(keep_final)[0]
-    remap[:] = -1
+    d0 = np.hypot(boxes[:, 0], boxes[:, 1]) if len(boxes) else np.zeros(0)
+    kept_idx = np.nonzero(keep & (d0 <= max_box_range))[0]
+    remap = np.full(len(scn.objects) + 1, -1, np.int64)  # last slot: "no object"
     remap[kept_idx] = np.arange(len(kept_idx))
     instance = remap[np.where(inst_all >= 0, inst_all, len(scn.objects))].astype(np.int32)
     num_points = np.bincount(instance[instance >= 0], minlength=len(kept_idx)).astype(np.int64)
