@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, GridConfig
+from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_FIXED_CHANNELS, GridConfig
 
 
 class ReferenceConstants:
@@ -100,7 +100,80 @@ def normalize_reference(acc: dict[str, torch.Tensor], grid: GridConfig, c: Refer
     return out.view(grid.n_channels, grid.height, grid.width)
 
 
-def voxelize_reference(points: torch.Tensor, grid: GridConfig, constants: ReferenceConstants | None = None) -> torch.Tensor:
-    """(N, 4) float32 [x, y, z, intensity] -> (C, H, W) float32 with plain torch ops."""
+def voxelize_reference_dense(
+    points: torch.Tensor, grid: GridConfig, constants: ReferenceConstants | None = None
+) -> torch.Tensor:
+    """Kernel 1 then kernel 2 mirrored over the dense grid; no data-dependent shapes, so it
+    compiles with torch.compile(fullgraph=True). Same output as `voxelize_reference`."""
     c = constants or ReferenceConstants(grid, points.device)
     return normalize_reference(accumulate_reference(points, grid, c), grid, c)
+
+
+REFERENCE_STATE_IDENTITIES = {
+    "count": 0, "z_max": INT32_MIN, "z_min": INT32_MAX, "z_sum": 0, "intensity_sum": 0, "last_point": -1,
+}
+
+
+def new_reference_state(grid: GridConfig, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Per-cell accumulators of the fast CPU path (+ one trash cell for invalid points), reset.
+    `voxelize_reference` leaves them reset again, so a caller can keep them across frames and
+    skip allocating (and page-faulting in) megabytes per frame."""
+    n1 = grid.n_cells + 1
+    i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
+    return {
+        name: torch.full((n1,), identity, **(i64 if name in ("z_sum", "intensity_sum") else i32))
+        for name, identity in REFERENCE_STATE_IDENTITIES.items()
+    }
+
+
+def voxelize_reference(
+    points: torch.Tensor,
+    grid: GridConfig,
+    constants: ReferenceConstants | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """(N, 4) float32 [x, y, z, intensity] -> (C, H, W) float32 with plain torch ops: the CPU path.
+
+    Same integers and float ops as the kernels, but it normalises only the occupied cells (the
+    grid is mostly empty; touching every cell in eager torch costs milliseconds), sets the slice
+    channels straight from each point's slice instead of packing a bitmask, and like kernel 2
+    resets only the accumulator cells it used. `state` (from `new_reference_state`) is reused
+    when given."""
+    c = constants or ReferenceConstants(grid, points.device)
+    s = state if state is not None else new_reference_state(grid, points.device)
+    cell, zq, iq, zslice = quantize_points(points, c)
+    n_cells, dev = grid.n_cells, points.device
+    s["count"].scatter_add_(0, cell, torch.ones_like(zq))
+    s["z_max"].scatter_reduce_(0, cell, zq, "amax")
+    s["z_min"].scatter_reduce_(0, cell, zq, "amin")
+    s["z_sum"].scatter_add_(0, cell, zq.to(torch.int64))
+    s["intensity_sum"].scatter_add_(0, cell, iq.to(torch.int64))
+    # One representative point per occupied cell (the last one): finds the occupied cells
+    # without scanning the whole grid.
+    point_index = torch.arange(points.shape[0], dtype=torch.int32, device=dev)
+    s["last_point"].scatter_reduce_(0, cell, point_index, "amax")
+    is_last = (s["last_point"].gather(0, cell) == point_index) & (cell < n_cells)
+    cells = cell[torch.nonzero(is_last).squeeze(1)]
+
+    n = s["count"].index_select(0, cells)
+    ch_count = c.count_lut[torch.clamp(n, max=c.count_saturation).to(torch.int64)]
+    ch_zmax = s["z_max"].index_select(0, cells).to(torch.float32) * c.inv_z_levels
+    ch_zmin = s["z_min"].index_select(0, cells).to(torch.float32) * c.inv_z_levels
+    n64 = n.to(torch.int64)
+    z_mean_q = torch.div(2 * s["z_sum"].index_select(0, cells) + n64, 2 * n64, rounding_mode="floor")
+    i_mean_q = torch.div(2 * s["intensity_sum"].index_select(0, cells) + n64, 2 * n64, rounding_mode="floor")
+    ch_zmean = z_mean_q.to(torch.float32) * c.inv_z_levels
+    ch_int = i_mean_q.to(torch.float32) * c.inv_intensity_levels
+
+    # Flat output with one trailing trash element that invalid points write their slice to.
+    n_out = grid.n_channels * n_cells
+    out = torch.zeros(n_out + 1, dtype=torch.float32, device=dev)
+    slice_index = torch.where(cell < n_cells, (N_FIXED_CHANNELS + zslice).to(torch.int64) * n_cells + cell, n_out)
+    out.scatter_(0, slice_index, torch.ones_like(points[:, 0]))
+    out2d = out[:n_out].view(grid.n_channels, n_cells)
+    out2d[:N_FIXED_CHANNELS].index_copy_(1, cells, torch.stack([ch_count, ch_zmax, ch_zmin, ch_zmean, ch_int]))
+
+    for name, identity in REFERENCE_STATE_IDENTITIES.items():
+        s[name].index_fill_(0, cells, identity)
+        s[name][n_cells:].fill_(identity)  # the trash cell
+    return out2d.view(grid.shape)

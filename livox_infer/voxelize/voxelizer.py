@@ -20,7 +20,12 @@ from torch.library import triton_op, wrap_triton
 
 from livox_infer.errors import BackendError, PointCloudError
 from livox_infer.voxelize.grid import MAX_POINTS, GridConfig
-from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
+from livox_infer.voxelize.reference import (
+    REFERENCE_STATE_IDENTITIES,
+    ReferenceConstants,
+    new_reference_state,
+    voxelize_reference,
+)
 from livox_infer.voxelize.triton_kernels import (
     ACCUMULATE_BLOCK,
     ACCUMULATOR_NAMES,
@@ -152,7 +157,14 @@ class Voxelizer(torch.nn.Module):
         for name, t in new_accumulators(grid, self.device).items():
             self.register_buffer(f"acc_{name}", t, persistent=False)
         self.register_buffer("count_lut", torch.from_numpy(grid.count_lut()).to(self.device), persistent=False)
-        self.reference_constants = ReferenceConstants(grid, self.device) if backend == "torch" else None
+        self.reference_constants = None
+        if backend == "torch":
+            self.reference_constants = ReferenceConstants(grid, self.device)
+            for name, t in new_reference_state(grid, self.device).items():
+                self.register_buffer(f"ref_{name}", t, persistent=False)
+
+    def reference_state(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, f"ref_{name}") for name in REFERENCE_STATE_IDENTITIES}
 
     def accumulators(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, f"acc_{name}") for name in ACCUMULATOR_NAMES}
@@ -160,7 +172,7 @@ class Voxelizer(torch.nn.Module):
     def forward(self, points: torch.Tensor) -> torch.Tensor:
         points = check_points(points, self.device)
         if self.backend == "torch":
-            return voxelize_reference(points, self.grid, self.reference_constants)
+            return voxelize_reference(points, self.grid, self.reference_constants, self.reference_state())
         k = self.constants
         return torch.ops.livox_infer.voxelize_fused(
             points, *self.accumulators().values(), self.count_lut,

@@ -1,0 +1,313 @@
+"""Voxelizer: Triton kernels (in the interpreter, TRITON_INTERPRET=1 from conftest) == plain-torch
+CPU path, bit for bit; reset of the accumulators; channel semantics; config and input errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from livox_infer.errors import BackendError, ConfigError, PointCloudError
+from livox_infer.voxelize import GridConfig, Voxelizer, voxelize, voxelize_reference
+from livox_infer.voxelize.grid import INTENSITY_LEVELS
+from livox_infer.voxelize.reference import (
+    ReferenceConstants,
+    accumulate_reference,
+    new_reference_state,
+    normalize_reference,
+    voxelize_reference_dense,
+)
+from livox_infer.voxelize.triton_kernels import accumulate_kernel, new_accumulators
+from livox_infer.voxelize.voxelizer import launch_kernels
+
+torch.set_num_threads(1)
+# The interpreter computes 3e38 * (1/cell) in numpy, which warns on the (intended) overflow to inf.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+# 32 x 24 cells of 0.25 m, z in [-0.5, 3.5) with 8 slices of 0.5 m (100 z levels of 5 mm each).
+GRID = GridConfig(x_range=(0.0, 8.0), y_range=(-3.0, 3.0), z_range=(-0.5, 3.5), cell_size=0.25, n_height_slices=8)
+
+
+def random_cloud(n: int, seed: int, grid: GridConfig = GRID, margin: float = 1.0) -> torch.Tensor:
+    """Uniform points over the grid plus a margin outside it; intensity partly outside [0, 255]."""
+    g = torch.Generator().manual_seed(seed)
+    lo = torch.tensor([grid.x_range[0] - margin, grid.y_range[0] - margin, grid.z_range[0] - margin, -20.0])
+    hi = torch.tensor([grid.x_range[1] + margin, grid.y_range[1] + margin, grid.z_range[1] + margin, 300.0])
+    return lo + torch.rand(n, 4, generator=g) * (hi - lo)
+
+
+def clustered_cloud(seed: int, grid: GridConfig = GRID) -> torch.Tensor:
+    """A few cells holding hundreds of points each (heavy atomic contention on one address)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = random_cloud(12, seed + 1, grid, margin=0.0)
+    pts = centres.repeat_interleave(300, 0)
+    pts[:, :3] += (torch.rand(pts.shape[0], 3, generator=g) - 0.5) * torch.tensor([0.1, 0.1, 2.0])
+    pts[:, 3] = torch.rand(pts.shape[0], generator=g) * 255.0
+    return pts
+
+
+def edge_cloud(grid: GridConfig = GRID) -> torch.Tensor:
+    """Points exactly on and just inside/outside every boundary of the grid."""
+    (x0, x1), (y0, y1), (z0, z1) = grid.x_range, grid.y_range, grid.z_range
+    below = lambda v: float(np.nextafter(np.float32(v), np.float32(-np.inf)))  # noqa: E731
+    above = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
+    xs = [x0, above(x0), below(x0), x1, below(x1), above(x1), x0 + grid.cell_size, below(x0 + grid.cell_size)]
+    ys = [y0, above(y0), below(y0), y1, below(y1), above(y1), 0.0, below(0.0)]
+    zs = [z0, above(z0), below(z0), z1, below(z1), 0.0, z0 + 0.5, below(z0 + 0.5)]
+    pts = [[x, y, z, i] for x in xs for y in ys for z in zs for i in (0.0, 255.0, 256.0, -1.0)]
+    return torch.tensor(pts, dtype=torch.float32)
+
+
+def extreme_cloud() -> torch.Tensor:
+    """Huge, infinite and NaN coordinates mixed with ordinary points."""
+    special = [1e30, -1e30, math.inf, -math.inf, math.nan, 3e38, -3e38, 1e-40, -1e-40]
+    base = random_cloud(64, 7, margin=0.0)
+    rows = []
+    for k, v in enumerate(special):
+        for col in range(4):
+            p = base[(k * 4 + col) % 64].clone()
+            p[col] = v
+            rows.append(p)
+    return torch.cat([torch.stack(rows), base])
+
+
+def triton_voxelize(points: torch.Tensor, grid: GridConfig = GRID, voxelizer: Voxelizer | None = None) -> torch.Tensor:
+    v = voxelizer or Voxelizer(grid, "cpu", backend="triton")
+    return v(points)
+
+
+def assert_reset(v: Voxelizer) -> None:
+    fresh = new_accumulators(v.grid, "cpu")
+    for name, acc in v.accumulators().items():
+        assert torch.equal(acc, fresh[name]), f"accumulator {name} not back in its reset state"
+
+
+CLOUDS = {
+    "random": lambda: random_cloud(3000, 0),
+    "clustered": lambda: clustered_cloud(1),
+    "empty": lambda: torch.zeros((0, 4)),
+    "all_out_of_range": lambda: random_cloud(500, 2) + torch.tensor([100.0, 0.0, 0.0, 0.0]),
+    "edges": edge_cloud,
+    "extreme": extreme_cloud,
+    "single": lambda: torch.tensor([[1.01, 0.05, 1.25, 128.0]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOUDS))
+def test_triton_equals_torch_bit_for_bit(name):
+    points = CLOUDS[name]()
+    ref = voxelize_reference(points, GRID)
+    v = Voxelizer(GRID, "cpu", backend="triton")
+    out = triton_voxelize(points, voxelizer=v)
+    assert out.shape == GRID.shape == ref.shape
+    assert out.dtype == ref.dtype == torch.float32
+    assert torch.equal(out, ref)
+    assert torch.equal(voxelize_reference_dense(points, GRID), ref)
+    assert_reset(v)
+
+
+def test_result_is_independent_of_point_order():
+    points = torch.cat([clustered_cloud(3), random_cloud(2000, 4)])
+    shuffled = points[torch.randperm(points.shape[0], generator=torch.Generator().manual_seed(5))]
+    ref = voxelize_reference(points, GRID)
+    assert torch.equal(voxelize_reference(shuffled, GRID), ref)
+    v = Voxelizer(GRID, "cpu", backend="triton")
+    assert torch.equal(v(points), ref)
+    assert torch.equal(v(shuffled), ref)
+
+
+def test_consecutive_frames_through_one_voxelizer_match_fresh_references():
+    """Kernel 2 must leave the accumulators reset, else frame 2 would carry frame 1's points."""
+    frames = [clustered_cloud(6), random_cloud(1500, 7), torch.zeros((0, 4)), random_cloud(10, 8)]
+    v_triton = Voxelizer(GRID, "cpu", backend="triton")
+    v_torch = Voxelizer(GRID, "cpu", backend="torch")
+    for points in frames:
+        ref = voxelize_reference(points, GRID)
+        assert torch.equal(v_triton(points), ref)
+        assert_reset(v_triton)
+        assert torch.equal(v_torch(points), ref)
+        assert torch.equal(v_torch(points), ref)
+
+
+def test_reused_reference_state_is_reset_after_each_frame():
+    state = new_reference_state(GRID)
+    c = ReferenceConstants(GRID)
+    for seed in range(3):
+        points = torch.cat([random_cloud(800, seed), clustered_cloud(seed), extreme_cloud()])
+        assert torch.equal(voxelize_reference(points, GRID, c, state), voxelize_reference(points, GRID))
+        fresh = new_reference_state(GRID)
+        assert all(torch.equal(state[k], fresh[k]) for k in fresh)
+
+
+def test_kernel1_accumulators_equal_torch_accumulators():
+    """Kernel 1 alone (no normalisation) against its plain-torch twin, incl. the device-side N
+    path used by CUDA-graph replay: points past N in the buffer must be ignored."""
+    points = torch.cat([clustered_cloud(9), random_cloud(2000, 10), edge_cloud()])
+    n = points.shape[0]
+    buffer = torch.cat([points, random_cloud(777, 11, margin=0.0)])  # stale points past N
+    expected = accumulate_reference(points, GRID)
+    k = GRID.kernel_constants()
+    for from_ptr in (False, True):
+        acc = new_accumulators(GRID, "cpu")
+        block = 4096
+        accumulate_kernel[(triton_cdiv(buffer.shape[0], block),)](
+            buffer, n, torch.tensor([n], dtype=torch.int32), *acc.values(),
+            k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
+            k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
+            N_FROM_PTR=from_ptr, BLOCK=block,
+        )
+        for name, value in expected.items():
+            assert torch.equal(acc[name], value), name
+
+
+def test_device_side_point_count_launch_matches_reference():
+    """launch_kernels with N read from a tensor (the CUDA-graph path) on a padded buffer."""
+    points = random_cloud(1200, 12)
+    buffer = torch.cat([points, random_cloud(500, 13, margin=0.0)])
+    v = Voxelizer(GRID, "cpu", backend="triton")
+    out = torch.empty(GRID.shape)
+    n_ptr = torch.tensor([points.shape[0]], dtype=torch.int32)
+    launch_kernels(lambda f: f, buffer, 0, n_ptr, buffer.shape[0], v.accumulators(), v.count_lut, out,
+                   v.constants, GRID.n_height_slices)
+    assert torch.equal(out, voxelize_reference(points, GRID))
+    assert_reset(v)
+
+
+def test_kernel2_reference_normalises_kernel1_reference():
+    points = clustered_cloud(14)
+    c = ReferenceConstants(GRID)
+    assert torch.equal(normalize_reference(accumulate_reference(points, GRID, c), GRID, c),
+                       voxelize_reference(points, GRID, c))
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -- semantics -----------------------------------------------------------------------------------
+
+def test_single_point_channels():
+    x, y, z, intensity = 1.01, 0.05, 1.25, 128.0
+    out = voxelize(torch.tensor([[x, y, z, intensity]]), GRID, backend="cpu")
+    ix, iy = int((x - 0.0) / 0.25), int((y + 3.0) / 0.25)
+    cell = out[:, iy, ix]
+    level = (z + 0.5) / 0.005  # 350 of 800
+    assert cell[0].item() == pytest.approx(math.log1p(1) / math.log1p(255), abs=1e-7)
+    assert cell[1].item() == pytest.approx(level / 800, abs=1e-7)  # z_max
+    assert cell[2].item() == pytest.approx(level / 800, abs=1e-7)  # z_min
+    assert cell[3].item() == pytest.approx(level / 800, abs=1e-7)  # z_mean
+    assert cell[4].item() == pytest.approx(intensity / 255.0, abs=1.0 / INTENSITY_LEVELS)
+    slices = cell[5:].tolist()
+    assert slices == [1.0 if k == int(level // 100) else 0.0 for k in range(8)]  # slice 3: [1.0, 1.5) m
+    out[:, iy, ix] = 0
+    assert not out.any(), "a single point must touch a single cell"
+
+
+def test_cell_statistics_of_several_points():
+    pts = torch.tensor([
+        [2.1, 1.1, 0.0, 10.0],
+        [2.2, 1.2, 2.0, 20.0],
+        [2.15, 1.05, 1.0, 300.0],  # intensity clamps to 1
+        [2.2, 1.1, 9.0, 50.0],  # above z range: ignored
+    ])
+    out = voxelize_reference(pts, GRID)
+    ix, iy = 8, 16
+    c = out[:, iy, ix]
+    assert c[0].item() == pytest.approx(math.log1p(3) / math.log1p(255), abs=1e-7)
+    assert c[1].item() == pytest.approx(2.5 / 4.0, abs=1e-6)
+    assert c[2].item() == pytest.approx(0.5 / 4.0, abs=1e-6)
+    assert c[3].item() == pytest.approx(1.5 / 4.0, abs=2e-3)
+    assert c[4].item() == pytest.approx((10 / 255 + 20 / 255 + 1.0) / 3, abs=1e-4)
+    assert c[5:].tolist() == [0, 1, 0, 1, 0, 1, 0, 0]
+    assert torch.count_nonzero(out.sum(0)) == 1
+
+
+def test_count_channel_saturates():
+    pts = torch.tensor([[0.1, -2.9, 0.0, 0.0]]).repeat(1000, 1)
+    out = voxelize_reference(pts, GRID)
+    assert out[0, 0, 0].item() == 1.0
+    assert out[0].max().item() == 1.0
+
+
+def test_output_shape_is_fixed():
+    for n in (0, 1, 17, 5000):
+        assert voxelize(random_cloud(n, n), GRID, backend="cpu").shape == (13, 24, 32)
+
+
+def test_real_horizon_scan_triton_equals_torch():
+    from conftest import SHARED_DATA
+
+    path = SHARED_DATA / "livox_horizon" / "livox_source.pcd"
+    if not path.is_file():
+        pytest.skip("shared Horizon scan not present")
+    from livox_infer.pointfiles import read_pcd
+
+    points = torch.from_numpy(np.ascontiguousarray(read_pcd(path), dtype=np.float32))
+    points[:, 2] += 0.9  # ground to z ~ 0 (see the data README)
+    grid = GridConfig(x_range=(0.0, 40.0), y_range=(-20.0, 20.0), cell_size=0.5)
+    ref = voxelize_reference(points, grid)
+    assert torch.equal(triton_voxelize(points, grid), ref)
+    assert ref[0].count_nonzero() > 500  # the scan really lands in the grid
+
+
+# -- config and errors ---------------------------------------------------------------------------
+
+def test_grid_config_roundtrip_and_shape():
+    d = GRID.to_dict()
+    assert GridConfig.from_dict(d) == GRID
+    assert GRID.shape == (5 + 8, 24, 32)
+    assert len(GRID.channel_names) == GRID.n_channels
+    assert GridConfig().shape[0] == 13
+
+
+@pytest.mark.parametrize("bad", [
+    {"cell_size": 0.3},  # 8 m / 0.3 is not whole
+    {"cell_size": -1.0},
+    {"z_quantum": 0.003},  # 4 m / 3 mm not whole
+    {"n_height_slices": 7},  # 800 levels not divisible by 7
+    {"n_height_slices": 0},
+    {"x_range": (5.0, 5.0)},
+    {"x_range": (0.0, math.inf)},
+    {"y_range": "wide"},
+    {"intensity_scale": 0.0},
+    {"count_saturation": 0},
+    {"cell_size": 1e-4},  # far too many cells
+])
+def test_grid_config_rejects_bad_values(bad):
+    d = GRID.to_dict() | bad
+    with pytest.raises(ConfigError):
+        GridConfig.from_dict(d)
+
+
+def test_grid_config_rejects_unknown_keys():
+    with pytest.raises(ConfigError, match="unknown"):
+        GridConfig.from_dict(GRID.to_dict() | {"cellsize": 0.2})
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(5, 3), torch.zeros(4), torch.zeros(2, 4, dtype=torch.bool), [[0, 0, 0, 0]]])
+def test_bad_points_raise_point_cloud_error(bad):
+    with pytest.raises(PointCloudError):
+        voxelize(bad, GRID, backend="cpu")
+
+
+def test_numpy_and_float64_points_are_accepted():
+    pts = random_cloud(100, 20)
+    ref = voxelize(pts, GRID, backend="cpu")
+    assert torch.equal(voxelize(pts.numpy(), GRID, backend="cpu"), ref)
+    assert torch.equal(voxelize(pts.double(), GRID, backend="cpu"), ref)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_backend_without_gpu_raises_backend_error():
+    with pytest.raises(BackendError, match="GPU"):
+        voxelize(torch.zeros(1, 4), GRID, backend="cuda")
+    with pytest.raises(BackendError):
+        Voxelizer(GRID, "cuda")
+    assert voxelize(torch.zeros(1, 4), GRID, backend="auto").device.type == "cpu"
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(BackendError):
+        voxelize(torch.zeros(1, 4), GRID, backend="tpu")
