@@ -12,10 +12,12 @@ continuous trajectory, so non-repetitive patterns differ frame to frame and fill
   ``D(t) = A/2 (e^{i w1 t} + e^{i w2 t})``. The Mid-40 prism speeds (7294 rpm and -4664 rpm) are the
   published ones; the others use nearby incommensurable speeds. Density peaks at the FOV centre
   (retina-like) as on the real sensors.
-* ``horizon`` (Horizon): measured from real Horizon recordings (/work/shared/data): six lasers with
-  fixed angular offsets (about 1 deg apart in elevation) sweep horizontally together in a rounded
+* ``horizon`` (Horizon): shape measured from real Horizon recordings (/work/shared/data): six lasers
+  with fixed angular offsets (about 1 deg apart in elevation) sweep horizontally together in a rounded
   triangle wave (about 70 Hz); elevation is a square-ish wave locked to the sweep (lower on the
   leftward sweep, higher on the rightward one) plus a slow ~5 Hz drift that fills the vertical FOV.
+  Extents follow the datasheet (81.7 x 25.1 deg; the recordings are deskewed accumulations of a
+  turning vehicle, so they spread wider in azimuth).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class SensorModel:
         noise = 2.0 * self.angle_noise_deg
         if self.pattern == "horizon":
             off = max(abs(o[0]) for o in self.line_offsets_deg)
-            return abs(self.sweep_center_deg) + self.sweep_half_deg * 1.08 + off + noise
+            return abs(self.sweep_center_deg) + self.sweep_half_deg * 1.03 + off + noise
         off = max(abs(o[0]) for o in self.line_offsets_deg)
         return self.half_axes_deg[0] + off + noise
 
@@ -85,7 +87,7 @@ class SensorModel:
     def max_range(self, reflectance: np.ndarray) -> np.ndarray:
         """Detection range limit for a target of effective reflectance (0..1): R ~ sqrt(rho),
         fitted through the two datasheet points."""
-        rho = np.clip(reflectance, 1e-3, 1.0)
+        rho = np.clip(reflectance, 1e-3, 0.8)  # datasheet range is the limit even for retro-reflectors
         # log-log line through (0.1, R10) and (0.8, R80)
         slope = np.log(self.range_at_80pct / self.range_at_10pct) / np.log(8.0)
         return self.range_at_10pct * (rho / 0.1) ** slope
@@ -113,7 +115,7 @@ class SensorModel:
             k = 0.985  # rounds the triangle's turning points
             tri = np.arcsin(k * np.sin(psi)) / np.arcsin(k)
             # slow modulation of the sweep width (real sweeps reach 35..60 deg)
-            width = self.sweep_half_deg * (1.0 + 0.06 * np.sin(TWO_PI * 1.3 * t + phases[2]))
+            width = self.sweep_half_deg * (1.0 + 0.03 * np.sin(TWO_PI * 1.3 * t + phases[2]))
             az = self.sweep_center_deg + width * tri + off_az
             step = np.tanh(3.0 * np.cos(psi)) / np.tanh(3.0)
             drift = np.sin(TWO_PI * self.drift_hz * t + phases[1])
@@ -176,8 +178,8 @@ SENSORS: dict[str, SensorModel] = {
     "horizon": SensorModel(
         name="horizon", point_rate=240_000, n_lines=6, fov_shape="rect", fov_h_deg=81.7, fov_v_deg=25.1,
         pattern="horizon", range_min=0.5, range_at_10pct=90.0, range_at_80pct=260.0,
-        line_offsets_deg=_six_line_offsets(2.2, 0.95), sweep_hz=71.3, sweep_half_deg=46.0,
-        sweep_center_deg=-3.0, step_half_deg=5.2, drift_hz=4.93, drift_half_deg=6.3,
+        line_offsets_deg=_six_line_offsets(2.2, 0.95), sweep_hz=71.3, sweep_half_deg=39.0,
+        sweep_center_deg=0.0, step_half_deg=4.7, drift_hz=4.93, drift_half_deg=5.4,
         beam_divergence_deg=0.28,
     ),
     "avia": SensorModel(

@@ -157,7 +157,7 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     if mixed_edges:
         half_div = np.radians(sensor_model.beam_divergence_deg) / 2
         gap = np.where(ok & np.isfinite(hits.t_second), hits.t_second - rng_out, 0.0)
-        near_edge = ok & (hits.edge < half_div) & (gap > 0.3)
+        near_edge = ok & (hits.edge < half_div) & (gap > 0.3) & (gap < 15.0)
         p_mix = 0.6 * (1.0 - hits.edge / half_div)
         mix = near_edge & (rng.random(n) < p_mix)
         frac = rng.random(n)

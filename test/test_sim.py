@@ -1,0 +1,208 @@
+"""Simulator: point counts, FOV, ground truth, non-repetitive patterns, reproducibility, mounting, bag CLI."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from livox_infer.errors import ConfigError
+from livox_infer.sim import SENSORS, dirs_to_angles, make_scene, simulate_drive, simulate_frame
+from livox_infer.sim.scene import CAR, CYCLIST, PEDESTRIAN
+
+
+def _inside(points: np.ndarray, box: np.ndarray, tol: float) -> np.ndarray:
+    x, y, z, length, width, height, yaw = box
+    c, s = np.cos(yaw), np.sin(yaw)
+    d = points[:, :3] - np.array([x, y, z])
+    lx = d[:, 0] * c + d[:, 1] * s
+    ly = -d[:, 0] * s + d[:, 1] * c
+    return (np.abs(lx) <= length / 2 + tol) & (np.abs(ly) <= width / 2 + tol) & (np.abs(d[:, 2]) <= height / 2 + tol)
+
+
+@pytest.fixture(scope="module")
+def street_scene():
+    return make_scene(5, "street")
+
+
+@pytest.mark.parametrize("name", sorted(SENSORS))
+def test_points_per_frame_fov_and_range(name, street_scene):
+    sensor = SENSORS[name]
+    f = simulate_frame(name, seed=2, scene=street_scene, sensor_height=1.5)
+    expected = sensor.point_rate * 0.1
+    n = len(f.points)
+    assert abs(n - expected) <= 0.1 * expected
+    assert f.points.dtype == np.float32 and f.points.shape == (n, 4)
+    assert f.time.dtype == np.float64 and f.tag.dtype == np.uint8 and f.line.dtype == np.uint8
+    assert len(f.time) == len(f.tag) == len(f.line) == n
+    assert np.all(np.diff(f.time) >= 0) and 0 <= f.time[0] and f.time[-1] < 0.1
+    assert f.line.max() == sensor.n_lines - 1
+    valid = f.valid
+    # a street frame has returns and no-returns (sky), no-returns are exact zero rows
+    assert 0.3 * n < valid.sum() < n
+    assert np.all(f.points[~valid] == 0)
+    p = f.points[valid]
+    r = np.linalg.norm(p[:, :3], axis=1)
+    noise_free = f.tag[valid] == 0
+    assert r[noise_free].min() >= sensor.range_min - 0.1
+    assert r.max() <= sensor.range_at_80pct * 1.1
+    az, el = dirs_to_angles(p[:, :3])
+    assert np.abs(az).max() <= sensor.max_abs_az_deg + 1e-6
+    assert np.abs(el).max() <= sensor.max_abs_el_deg + 1e-6
+    if sensor.fov_shape == "circle":
+        off_axis = np.degrees(np.arccos(np.clip(p[:, 0] / r, -1, 1)))
+        assert off_axis.max() <= sensor.fov_h_deg / 2 + 0.1
+    else:
+        assert np.abs(az).max() <= sensor.fov_h_deg / 2 + 2.5  # Horizon's sweep turns a little outside the spec
+        assert np.abs(el).max() <= sensor.fov_v_deg / 2 + 1.0
+    # reflectivity is Livox-like: integers 0..255
+    assert p[:, 3].min() >= 0 and p[:, 3].max() <= 255
+    assert np.all(p[:, 3] == np.round(p[:, 3]))
+
+
+@pytest.mark.parametrize("mode", ["street", "open"])
+def test_boxes_contain_their_points(mode):
+    total_visible = 0
+    for seed in range(3):
+        f = simulate_frame("avia", seed=seed, scene=mode)
+        assert f.boxes.shape == (len(f.labels), 7) and f.boxes.dtype == np.float32
+        assert f.labels.dtype == np.int64 and set(np.unique(f.labels)) <= {0, 1, 2}
+        assert len(f.num_points) == len(f.boxes)
+        assert np.all(np.abs(f.boxes[:, 6]) <= np.pi)
+        counted = np.bincount(f.instance[f.instance >= 0], minlength=len(f.boxes))
+        np.testing.assert_array_equal(counted, f.num_points)
+        for i, box in enumerate(f.boxes):
+            own = f.points[f.instance == i]
+            # 4 sigma of range noise: every return on the object lies in its box
+            assert np.all(_inside(own, box, 0.08)), (mode, seed, i)
+            if f.num_points[i] > 0:
+                inside = _inside(f.points[f.valid], box, 0.08).sum()
+                assert inside >= f.num_points[i]
+        total_visible += int((f.num_points >= 5).sum())
+        # boxes are in front of the sensor and sit on the ground (bottom near -sensor_height nearby)
+        assert np.all(f.boxes[:, 0] > 0)
+    assert total_visible >= 5
+
+
+def test_box_sizes_are_kitti_like():
+    dims = {CAR: [], PEDESTRIAN: [], CYCLIST: []}
+    for seed in range(6):
+        f = simulate_frame("mid40", seed=seed, scene="open", pitch_deg=0, roll_deg=0)
+        for label, box in zip(f.labels, f.boxes):
+            dims[int(label)].append(box[3:6])
+    car, ped, cyc = (np.median(np.array(dims[k]), 0) for k in (CAR, PEDESTRIAN, CYCLIST))
+    assert 3.5 < car[0] < 4.5 and 1.55 < car[1] < 1.95 and 1.35 < car[2] < 1.75
+    assert 0.3 < ped[0] < 1.0 and 0.45 < ped[1] < 0.8 and 1.45 < ped[2] < 1.95
+    assert 1.5 < cyc[0] < 2.0 and 0.45 < cyc[1] < 0.85 and 1.5 < cyc[2] < 1.95
+
+
+@pytest.mark.parametrize("name", ["avia", "horizon", "mid70"])
+def test_pattern_does_not_repeat(name):
+    scene = make_scene(0, "open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0)
+    sensor = SENSORS[name]
+    frames = [simulate_frame(name, seed=0, frame_index=k, scene=scene, dropout=0.0, false_alarm_rate=0.0)
+              for k in range(5)]
+    # the nominal shot directions of consecutive frames differ
+    _, _, d0 = sensor.shots(0, 0.1, 0)
+    _, _, d1 = sensor.shots(1, 0.1, 0)
+    assert np.median(np.degrees(np.arccos(np.clip((d0 * d1).sum(1), -1, 1)))) > 0.5
+
+    def cells(f):
+        # all shots, including no-returns: use the nominal directions of each frame
+        _, _, d = sensor.shots(f.frame_index, 0.1, 0)
+        az, el = dirs_to_angles(d)
+        return set(zip(np.floor(az / 0.4).astype(int), np.floor(el / 0.4).astype(int)))
+
+    one = cells(frames[0])
+    union = set().union(*(cells(f) for f in frames))
+    assert len(union) > 1.3 * len(one)
+    # and returned points differ too
+    assert not np.array_equal(frames[0].points, frames[1].points)
+
+
+def test_seeded_reproducibility():
+    a = simulate_frame("horizon", seed=11, scene="street")
+    b = simulate_frame("horizon", seed=11, scene="street")
+    c = simulate_frame("horizon", seed=12, scene="street")
+    for field in ("points", "time", "tag", "line", "boxes", "labels", "num_points", "instance"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert a.sensor_height == b.sensor_height
+    assert not np.array_equal(a.points, c.points)
+
+
+def test_mount_height_and_ground_level():
+    heights = []
+    for seed in range(8):
+        f = simulate_frame("mid70", seed=seed, scene="open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0,
+                           pitch_deg=0, roll_deg=0)
+        heights.append(f.sensor_height)
+        p = f.points[f.valid]
+        near = (p[:, 0] > 2) & (p[:, 0] < 6) & (np.abs(p[:, 1]) < 2)
+        assert near.sum() > 50
+        # ground under gentle slopes (|grade| of a few %) and cm roughness
+        assert abs(np.median(p[near, 2]) + f.sensor_height) < 0.15
+    assert all(0.5 <= h <= 2.5 for h in heights)
+    assert max(heights) - min(heights) > 0.8  # drawn, not fixed
+    # with the random attitude (+-3 deg) the ground is still near -height a few metres ahead
+    f = simulate_frame("avia", seed=3, scene="open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0)
+    p = f.points[f.valid]
+    near = (p[:, 0] > 2) & (p[:, 0] < 5) & (np.abs(p[:, 1]) < 2)
+    assert abs(np.median(p[near, 2]) + f.sensor_height) < 0.4
+
+
+def test_drive_moves_the_ego_and_tracks_objects():
+    frames = simulate_drive("avia", seed=4, n_frames=3, speed_mps=10.0, scene="street")
+    assert [f.frame_index for f in frames] == [0, 1, 2]
+    assert frames[1].pose[0, 3] - frames[0].pose[0, 3] == pytest.approx(1.0)
+    # a static object seen in two frames moves ~1 m towards the sensor in the sensor frame
+    ids0 = {int(i): b for i, b in zip(frames[0].object_ids, frames[0].boxes)}
+    moved = []
+    for oid, box, vel in zip(frames[1].object_ids, frames[1].boxes, frames[1].velocities):
+        if int(oid) in ids0 and np.allclose(vel, 0):
+            moved.append(ids0[int(oid)][0] - box[0])
+    assert moved and np.allclose(moved, 1.0, atol=0.15)
+
+
+def test_bad_options_raise_config_error():
+    with pytest.raises(ConfigError):
+        simulate_frame("nosuch")
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", scene="desert")
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", bogus_option=1)
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", sensor_height=-1)
+    with pytest.raises(ConfigError):
+        make_scene(0, "street", n_cars=-2)
+    with pytest.raises(ConfigError):
+        simulate_drive("avia", n_frames=0)
+
+
+@pytest.mark.parametrize("layout,storage", [("livox", "sqlite3"), ("custom", "mcap")])
+def test_simulate_cli_writes_bag_with_ground_truth(tmp_path, layout, storage):
+    from livox_infer.bag import bag_info, read_clouds, read_detections
+    from livox_infer.sim import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    out = tmp_path / "sim_bag"
+    args = parser.parse_args(["--sensor", "mid40", "--frames", "2", "--seed", "1", "--out", str(out),
+                              "--layout", layout, "--storage", storage, "--scene", "open", "--min-points", "1"])
+    assert cli.main(args) == 0
+    info = bag_info(out)
+    assert info["topics"]["/livox_infer/ground_truth"]["count"] == 2
+    assert info["topics"]["/livox/lidar"]["count"] == 2
+    clouds = list(read_clouds(out, "/livox/lidar"))
+    dets = list(read_detections(out))
+    assert [c.stamp_ns for _, c in clouds] == [d.stamp_ns for d in dets]
+    assert clouds[1][1].stamp_ns - clouds[0][1].stamp_ns == 100_000_000
+    assert all(c.frame_id == "livox_frame" for _, c in clouds)
+    expect = simulate_drive("mid40", 1, 2, speed_mps=8.0, scene="open")
+    for (_, cloud), det, f in zip(clouds, dets, expect):
+        np.testing.assert_allclose(cloud.points[:, :3], f.points[f.valid][:, :3], atol=1e-5)
+        keep = f.num_points >= 1
+        np.testing.assert_array_equal(det.labels, f.labels[keep])
+        np.testing.assert_allclose(det.boxes[:, :6], f.boxes[keep][:, :6], atol=1e-4)
+    # existing output is refused with a clear error, not overwritten
+    assert cli.main(args) == 2
