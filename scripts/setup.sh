@@ -85,8 +85,9 @@ install_requirements() {
 install_package() {
     local want; want="$(hash_of setup.py setup.cfg package.xml)"
     local where
-    where="$("$VENV/bin/python" -c 'import livox_infer, os; print(os.path.dirname(os.path.realpath(livox_infer.__file__)))' 2>/dev/null || true)"
-    if [ "$where" = "$REPO_ROOT/livox_infer" ] && stamp_ok package "$want"; then
+    # Run from / so that the checkout itself (cwd) does not make the package importable.
+    where="$(cd / && "$VENV/bin/python" -c 'import livox_infer, os; print(os.path.dirname(os.path.realpath(livox_infer.__file__)))' 2>/dev/null || true)"
+    if [ "$where" = "$REPO_ROOT/livox_infer" ] && [ -x "$VENV/bin/livox-infer" ] && stamp_ok package "$want"; then
         return 0
     fi
     log "pip install -e . (editable: source edits take effect at once)"
