@@ -285,3 +285,40 @@ def test_bag_writer_refuses_existing_path_and_bad_storage(tmp_path):
         w.write_cloud("/c", encode_pointcloud2(points(2), "xyzi"))
         with pytest.raises(PointCloudError, match="already carries"):
             w.write_custom_msg("/c", points(2))
+
+
+# --------------------------------------------------------------------------- compatibility with a ROS 2 install
+
+
+@pytest.mark.parametrize("msgtype", ["vision_msgs/msg/Detection3DArray", "vision_msgs/msg/Detection3D",
+                                     "vision_msgs/msg/ObjectHypothesisWithPose", "vision_msgs/msg/BoundingBox3D",
+                                     "sensor_msgs/msg/PointCloud2"])
+def test_type_hashes_match_rosidl_generated_descriptions(msgtype):
+    """rosidl writes share/<pkg>/msg/<Name>.json with the RIHS01 hash a ROS graph checks."""
+    import json
+    import sys
+    from pathlib import Path
+
+    pkg, _, name = msgtype.split("/")
+    desc = Path(sys.prefix) / "share" / pkg / "msg" / f"{name}.json"
+    if not desc.is_file():
+        pytest.skip(f"{desc} not installed")
+    hashes = {h["type_name"]: h["hash_string"] for h in json.loads(desc.read_text())["type_hashes"]}
+    assert typestore().hash_rihs01(msgtype) == hashes[msgtype]
+
+
+def test_rclpy_reads_our_detection_cdr_and_we_read_rclpy_messages():
+    serialization = pytest.importorskip("rclpy.serialization")
+    vision = pytest.importorskip("vision_msgs.msg")
+    from livox_infer.bag import detections_from_message
+
+    boxes = [[1, 2, 3, 4, 5, 6, 0.5], [-1, 0, 1, 0.5, 0.5, 1.8, -3.0]]
+    raw = detection3d_array_cdr(STAMP_NS, "livox_frame", boxes, [1, 2], [0.7, 0.6])
+    msg = serialization.deserialize_message(raw, vision.Detection3DArray)
+    assert msg.detections[1].results[0].hypothesis.class_id == "cyclist"
+    frame = detections_from_message(msg)  # rclpy objects work too (what the node's tests use)
+    np.testing.assert_allclose(frame.boxes, boxes, atol=1e-6)
+    np.testing.assert_array_equal(frame.labels, [1, 2])
+    # and rclpy's own serialization reads back through rosbags
+    back = typestore().deserialize_cdr(serialization.serialize_message(msg), "vision_msgs/msg/Detection3DArray")
+    np.testing.assert_allclose(detections_from_message(back).boxes, boxes, atol=1e-6)

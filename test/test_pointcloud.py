@@ -367,3 +367,16 @@ def test_bench_decode_cli_runs(capsys):
     assert "sensor_msgs_py:" in out
     for layout in LAYOUTS:
         assert f"{layout:8} livox_infer+filters" in out
+
+
+def test_cdr_interoperates_with_rclpy_serialization():
+    serialization = pytest.importorskip("rclpy.serialization")
+    msg_mod = pytest.importorskip("sensor_msgs.msg")
+    pts = random_points(200)
+    data = encode_pointcloud2(pts, "livox2", time=np.linspace(0, 0.1, 200), tag=np.zeros(200), stamp_ns=STAMP_NS)
+    from_ours = serialization.deserialize_message(pointcloud2_to_cdr(data), msg_mod.PointCloud2)
+    np.testing.assert_array_equal(decode_pointcloud2(from_ours).points, pts)
+    from_rclpy = pointcloud2_from_cdr(serialization.serialize_message(to_ros_message(data, msg_mod.PointCloud2)))
+    cloud = decode_pointcloud2(from_rclpy)
+    np.testing.assert_array_equal(cloud.points, pts)
+    assert cloud.stamp_ns == STAMP_NS
