@@ -35,6 +35,7 @@ from livox_infer.pointcloud import (
     PointCloud2Data,
     decode_pointcloud2,
     filter_points,
+    from_message,
     to_rosbags_message,
 )
 
@@ -326,6 +327,8 @@ def _open_reader(path: str | Path) -> Any:
 
 
 def _messages(reader: Any, connections: Sequence[Any], path: Path) -> Iterator[tuple[Any, int, Any]]:
+    if not connections:  # rosbags reads every connection when given none
+        return
     try:
         yield from reader.messages(connections=connections)
     except PointCloudError:
@@ -468,7 +471,9 @@ class BagWriter:
             raise PointCloudError(f"bag {self.path} is closed")
         self._writer.write(self._connection(topic, msgtype), int(timestamp_ns), cdr)
 
-    def write_cloud(self, topic: str, data: PointCloud2Data, timestamp_ns: int | None = None) -> None:
+    def write_cloud(self, topic: str, data: Any, timestamp_ns: int | None = None) -> None:
+        """Write a PointCloud2Data (or any PointCloud2-shaped message) as sensor_msgs/msg/PointCloud2."""
+        data = from_message(data)
         raw = self._store.serialize_cdr(to_rosbags_message(data, self._store), POINTCLOUD2)
         self.write_raw(topic, POINTCLOUD2, raw, data.stamp_ns if timestamp_ns is None else timestamp_ns)
 

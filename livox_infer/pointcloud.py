@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -148,7 +149,8 @@ class DecodeFilter:
             raise ConfigError(f"tag_filter must be one of {TAG_FILTER_MODES}, got {self.tag_filter!r}")
         for name in ("min_range", "max_range", "x_min", "x_max", "y_min", "y_max", "z_min", "z_max"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or math.isnan(value)):
+            if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                                      or math.isnan(value)):
                 raise ConfigError(f"DecodeFilter.{name} must be a number or None, got {value!r}")
         if self.min_range is not None and self.min_range < 0:
             raise ConfigError(f"DecodeFilter.min_range must be >= 0, got {self.min_range}")
@@ -254,11 +256,11 @@ def _as_bytes_buffer(data: Any) -> np.ndarray:
         return data.reshape(-1)
     try:
         view = memoryview(data)
-    except TypeError:
-        raise PointCloudError(f"PointCloud2.data of type {type(data).__name__} is not a byte buffer") from None
-    if view.itemsize != 1:
-        raise PointCloudError(f"PointCloud2.data must be a byte buffer, got item size {view.itemsize}")
-    return np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=np.uint8)
+        if view.itemsize != 1:
+            raise PointCloudError(f"PointCloud2.data must be a byte buffer, got item size {view.itemsize}")
+        return np.frombuffer(view if view.ndim == 1 and view.format == "B" else view.cast("B"), dtype=np.uint8)
+    except (TypeError, BufferError) as exc:  # not a buffer, or a non-contiguous one
+        raise PointCloudError(f"PointCloud2.data of type {type(data).__name__} is not a byte buffer: {exc}") from None
 
 
 def _header(msg: Any) -> tuple[int, str]:

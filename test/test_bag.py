@@ -322,3 +322,22 @@ def test_rclpy_reads_our_detection_cdr_and_we_read_rclpy_messages():
     # and rclpy's own serialization reads back through rosbags
     back = typestore().deserialize_cdr(serialization.serialize_message(msg), "vision_msgs/msg/Detection3DArray")
     np.testing.assert_allclose(detections_from_message(back).boxes, boxes, atol=1e-6)
+
+
+def test_bag_without_clouds_yields_nothing_and_writer_takes_ros_messages(tmp_path):
+    only_gt = tmp_path / "gt"
+    with BagWriter(only_gt) as w:
+        w.write_detections(DEFAULT_GT_TOPIC, 5, "f", [[0, 0, 0, 1, 1, 1, 0]], [0])
+    assert list(read_clouds(only_gt)) == []
+    assert list(read_detections(only_gt, topic=None))[0].stamp_ns == 5
+
+    msg_mod = pytest.importorskip("sensor_msgs.msg")
+    from livox_infer.pointcloud import to_ros_message
+
+    pts = points(20)
+    msg = to_ros_message(encode_pointcloud2(pts, "livox", stamp_ns=STAMP_NS), msg_mod.PointCloud2)
+    with BagWriter(tmp_path / "ros") as w:
+        w.write_cloud("/c", msg)
+    (topic, cloud), = read_clouds(tmp_path / "ros")
+    np.testing.assert_array_equal(cloud.points, pts)
+    assert cloud.stamp_ns == STAMP_NS

@@ -380,3 +380,17 @@ def test_cdr_interoperates_with_rclpy_serialization():
     cloud = decode_pointcloud2(from_rclpy)
     np.testing.assert_array_equal(cloud.points, pts)
     assert cloud.stamp_ns == STAMP_NS
+
+
+def test_filter_accepts_numpy_numbers_and_rejects_bools():
+    f = DecodeFilter(max_range=np.float32(50.0), x_min=np.int64(-3))
+    assert not f.is_noop and DecodeFilter().is_noop
+    with pytest.raises(ConfigError):
+        DecodeFilter(max_range=True)
+
+
+def test_non_contiguous_buffer_rejected():
+    data = encode_pointcloud2(random_points(4), "xyzi")
+    doubled = np.frombuffer(data.data * 2, np.uint8)[::2]  # a strided view: not a plain byte buffer
+    with pytest.raises(PointCloudError):
+        decode_pointcloud2(_with(data, data=memoryview(doubled)))
