@@ -51,6 +51,14 @@ for backend, arch, warp in TARGETS:
                                   target=GPUTarget(backend, arch, warp))
         key = "ptx" if backend == "cuda" else "amdgcn"
         result[f"{backend}:{arch}:{name}"] = {"asm": compiled.asm[key], "llir": compiled.asm["llir"]}
+
+# The custom op must trace into ONE graph (no graph break) for torch.compile(fullgraph=True) on GPU.
+import torch
+from livox_infer.voxelize import GridConfig, Voxelizer
+grid = GridConfig(x_range=(0.0, 8.0), y_range=(-3.0, 3.0), cell_size=0.25)
+# export traces without running (there is no GPU) and fails on any graph break
+graph, _guards = torch._dynamo.export(Voxelizer(grid, "cpu", backend="triton"))(torch.rand(100, 4))
+result["dynamo"] = {"code": graph.code}
 print(json.dumps(result))
 """
 
@@ -86,6 +94,16 @@ def test_amd_gcn_is_produced_with_integer_atomics(compiled):
 def test_no_fused_multiply_add_in_float_math(compiled):
     """Bit-identity with the CPU path needs each float op rounded on its own: no fma in the IR."""
     for key, c in compiled.items():
+        if key == "dynamo":
+            continue
         assert "llvm.fma" not in c["llir"] and "fmuladd" not in c["llir"], key
         if key.startswith("cuda"):
             assert "fma.rn.f32" not in c["asm"], key
+
+
+def test_voxelizer_op_traces_into_one_graph(compiled):
+    """torch.compile(fullgraph=True) prerequisite, checked on CPU: dynamo captures the triton_op
+    (kernel launches + buffer mutation) in a single graph with no break."""
+    code = compiled["dynamo"]["code"]
+    assert code.count("torch.ops.livox_infer.voxelize_fused") == 1
+    assert "self.L__self___acc_count" in code  # the accumulators enter as module buffers
