@@ -73,9 +73,9 @@ install_requirements() {
     log "pip install -r requirements.txt -r requirements-ros-build.txt (CPU torch; first run takes a few minutes)"
     # torch==X+cpu is only found in a local wheel directory or PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL),
     # never on the default index: a missing CPU wheel fails here instead of pulling the CUDA build.
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check setuptools==84.2.1 \
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check setuptools==84.2.1 \
         || die "pip could not install setuptools"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
         -r requirements.txt -r requirements-ros-build.txt \
         || die "pip install failed (torch==2.13.0+cpu needs PyTorch's CPU wheel index as PIP_EXTRA_INDEX_URL, see docs/install.md)"
     stamp_set requirements "$want"
@@ -91,7 +91,7 @@ install_package() {
         return 0
     fi
     log "pip install -e . (editable: source edits take effect at once)"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check --no-deps --no-build-isolation -e . \
         || die "pip install -e . failed"
     stamp_set package "$want"
 }

