@@ -34,7 +34,7 @@ from livox_infer.pointcloud import (
     DecodeFilter,
     PointCloud2Data,
     decode_pointcloud2,
-    filter_points,
+    filter_columns,
     from_message,
     to_rosbags_message,
 )
@@ -210,11 +210,14 @@ def encode_custom_msg_cdr(points: Any, *, time: Any = None, tag: Any = None, lin
 def custom_msg_to_cloud(msg: CustomMsgData, filters: DecodeFilter | None = None) -> Cloud:
     """Convert a decoded CustomMsg to a :class:`Cloud` (points (N,4), time, tag), filtered."""
     p = msg.points
-    pts = np.empty((p.shape[0], 4), dtype=np.float32)
-    pts[:, 0], pts[:, 1], pts[:, 2], pts[:, 3] = p["x"], p["y"], p["z"], p["reflectivity"]
+    columns = np.empty((4, p.shape[0]), dtype=np.float32)
+    columns[0], columns[1], columns[2], columns[3] = p["x"], p["y"], p["z"], p["reflectivity"]
+    tags = p["tag"].copy()
+    points, keep = filter_columns(columns, tags, filters, float_intensity=False)
+    offsets = p["offset_time"] if keep is None else p["offset_time"].take(keep)
     base = msg.timebase - msg.stamp_ns if abs(msg.timebase - msg.stamp_ns) <= _STAMP_WINDOW_NS else 0
-    time = (p["offset_time"].astype(np.int64) + base) * 1e-9
-    points, time, tag = filter_points(pts, time, p["tag"].copy(), filters)
+    time = (offsets.astype(np.int64) + base) * 1e-9
+    tag = tags if keep is None else tags.take(keep)
     return Cloud(points=points, time=time, tag=tag, stamp_ns=msg.stamp_ns, frame_id=msg.frame_id)
 
 

@@ -415,6 +415,21 @@ def filter_points(points: np.ndarray, time: np.ndarray | None = None, tag: np.nd
             None if tag is None else np.asarray(tag).take(keep))
 
 
+def filter_columns(columns: np.ndarray, tag: np.ndarray | None = None, filters: DecodeFilter | None = None,
+                   float_intensity: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Filter column-major float32 ``columns`` (4, N) [x, y, z, intensity] (the fastest input form).
+
+    Returns (points (K, 4) float32 C-contiguous, kept indices or None when every point is kept), so
+    callers can pick the matching time/tag entries with ``take``."""
+    keep = _keep_index(_filter_mask(columns[0], columns[1], columns[2], columns[3] if float_intensity else None,
+                                    tag, filters))
+    # per-column fill then a row take: ~3x faster than ascontiguousarray((4, N).T) or per-column takes
+    points = np.empty((columns.shape[1], 4), dtype=np.float32)
+    for col in range(4):
+        points[:, col] = columns[col]
+    return _take(points, keep), keep
+
+
 def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Cloud:
     """Decode a PointCloud2-shaped object into a :class:`Cloud` (see module docstring)."""
     stamp_ns, frame_id = _header(msg)
@@ -453,10 +468,8 @@ def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Clou
         else:
             intensity = _strided(buf, plan.intensity[0], plan.intensity[1], *geom)
             columns[3] = intensity
-        float_intensity = intensity is not None and intensity.dtype.kind == "f"
-        keep = _keep_index(
-            _filter_mask(columns[0], columns[1], columns[2], columns[3] if float_intensity else None, tag, filters))
-        points = np.ascontiguousarray((columns if keep is None else columns.take(keep, axis=1)).T)
+        points, keep = filter_columns(columns, tag, filters,
+                                      float_intensity=intensity is not None and intensity.dtype.kind == "f")
     time = None
     if plan.time is not None:
         _, offset, dtype = plan.time
