@@ -5,9 +5,10 @@
     pipe.update(score_thresholds={"car": 0.4})  # cheap parameter changes at run time
 
 `sensor_height` is how far the ground lies below the sensor origin (m). The network was trained on
-clouds shifted so the ground is at z ~ 0; boxes come back in the input frame (the shift undone).
-``sensor_height="auto"`` estimates it from each cloud (`estimate_sensor_height`) and smooths over
-the last frames.
+clouds levelled and shifted so the ground is at z ~ 0; boxes come back in the input frame.
+``sensor_height="auto"`` estimates the ground plane (height and tilt) from each cloud
+(`livox_infer.model.ground.estimate_mount`) and takes the median over the last frames;
+``sensor_tilt`` = (pitch_deg, roll_deg) gives a known mounting tilt instead, or "auto".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from livox_infer.errors import BackendError, ConfigError, PointCloudError
 from livox_infer.model.config import ModelConfig
+from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.model.network import build_model, fuse_batchnorm
 from livox_infer.model.postprocess import InferenceModel, select_detections
 from livox_infer.model.weights import load_weights
@@ -55,6 +57,7 @@ class Detections:
     stamp_ns: int = 0
     frame_id: str = ""
     sensor_height: float = float("nan")  # the value used for this frame (estimated in "auto" mode)
+    sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
 
     def __len__(self) -> int:
@@ -68,36 +71,10 @@ class Detections:
         ]
 
 
-def estimate_sensor_height(points: np.ndarray, cell: float = 2.0, min_points: int = 8) -> float | None:
-    """Robust ground height below the sensor from one cloud (metres, positive), or None if unclear.
-
-    Per 2 m BEV cell between 2 and 40 m, the 10th-percentile z (a low value that ignores single
-    below-ground outliers); the ground is the median of those over cells, counting only the lower
-    half of cells so walls, cars and vegetation (cells without visible ground) do not pull it up.
-    """
-    p = np.asarray(points, dtype=np.float32)
-    if p.ndim != 2 or p.shape[0] == 0:
-        return None
-    r = np.hypot(p[:, 0], p[:, 1])
-    sel = (r > 2.0) & (r < 40.0) & np.isfinite(p[:, 2]) & (np.abs(p[:, 2]) < 10.0)
-    p = p[sel]
-    if p.shape[0] < 50:
-        return None
-    ix = np.floor(p[:, 0] / cell).astype(np.int64)
-    iy = np.floor(p[:, 1] / cell).astype(np.int64)
-    key = (ix - ix.min()) * (iy.max() - iy.min() + 1) + (iy - iy.min())
-    order = np.lexsort((p[:, 2], key))
-    key_sorted = key[order]
-    z_sorted = p[order, 2]
-    starts = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
-    counts = np.diff(np.r_[starts, key_sorted.size])
-    ok = counts >= min_points
-    if ok.sum() < 3:
-        return None
-    low = z_sorted[starts[ok] + (counts[ok] * 0.1).astype(np.int64)]
-    low = np.sort(low)[: max(3, int(math.ceil(low.size * 0.5)))]
-    height = -float(np.median(low))
-    return height if 0.0 < height < 6.0 else None
+def estimate_sensor_height(points: np.ndarray) -> float | None:
+    """Height of the ground plane below the sensor (m) from one cloud, or None (see `estimate_mount`)."""
+    m = estimate_mount(points)
+    return None if m is None else m.height
 
 
 def _as_cloud(x: Any, filters: DecodeFilter) -> Cloud:
@@ -136,6 +113,8 @@ class DetectionPipeline:
     compile: torch.compile the network + top-k decoding (static shapes, channels_last); falls back
         to eager with one warning if compilation fails. On CUDA, ``cuda_graphs`` uses mode="reduce-overhead".
     sensor_height: metres the ground lies below the sensor, or "auto" (estimated per cloud, smoothed).
+    sensor_tilt: None (estimate it when sensor_height is "auto", else level), "auto", or
+        (pitch_deg, roll_deg) of the sensor relative to the ground (pitch positive = nose down).
     intensity_scale: the sensor's full-scale intensity (255 for Livox reflectivity, 1.0 for 0-1 clouds);
         default: the model config's.
     score_thresholds: float, {class: float} or per-class sequence; default: the config's.
@@ -152,6 +131,7 @@ class DetectionPipeline:
         device: str = "auto",
         compile: bool = True,  # noqa: A002 - the user-facing name
         sensor_height: float | str = DEFAULT_SENSOR_HEIGHT,
+        sensor_tilt: Any = None,
         intensity_scale: float | None = None,
         score_thresholds: Any = None,
         roi: Any = None,
@@ -164,10 +144,10 @@ class DetectionPipeline:
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs)
-        self._height_history: collections.deque[float] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
+        self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
-            sensor_height=sensor_height, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
+            sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
             max_detections=max_detections,
         )
@@ -218,7 +198,7 @@ class DetectionPipeline:
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs"}
         all_keys = net_keys | {
-            "sensor_height", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
+            "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections",
         }
         unknown = sorted(set(params) - all_keys)
@@ -244,9 +224,19 @@ class DetectionPipeline:
                     raise ConfigError(f"sensor_height must be metres or 'auto', got {sh!r}") from exc
         if not isinstance(sh, str) and (not isinstance(sh, (int, float)) or not math.isfinite(sh) or not -1 < sh < 10):
             raise ConfigError(f"sensor_height must be metres in (-1, 10) or 'auto', got {sh!r}")
-        if sh != self._params.get("sensor_height"):
-            self._height_history.clear()
+        tilt = new.get("sensor_tilt")
+        if tilt is not None and tilt != "auto":
+            try:
+                pitch, roll = (float(v) for v in tilt)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"sensor_tilt must be None, 'auto' or (pitch_deg, roll_deg), got {tilt!r}") from exc
+            if not (abs(pitch) <= 45 and abs(roll) <= 45):
+                raise ConfigError(f"sensor_tilt angles must be within +-45 deg, got {tilt!r}")
+            tilt = (pitch, roll)
+        if sh != self._params.get("sensor_height") or tilt != self._params.get("sensor_tilt"):
+            self._mount_history.clear()
         new["sensor_height"] = sh
+        new["sensor_tilt"] = tilt
 
         # intensity scale -> the voxelizer's grid
         iscale = new.get("intensity_scale")
@@ -303,26 +293,37 @@ class DetectionPipeline:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def current_sensor_height(self, points: np.ndarray) -> float:
-        sh = self._params["sensor_height"]
-        if sh != "auto":
-            return float(sh)
-        est = estimate_sensor_height(points)
-        if est is not None:
-            self._height_history.append(est)
-        if self._height_history:
-            return float(np.median(np.asarray(self._height_history)))
-        return DEFAULT_SENSOR_HEIGHT
+    def current_mount(self, points: np.ndarray) -> Mount:
+        """The ground plane to level this cloud with (fixed, or estimated and median-smoothed)."""
+        sh, tilt = self._params["sensor_height"], self._params["sensor_tilt"]
+        tilt_auto = tilt == "auto" or (tilt is None and sh == "auto")
+        if not tilt_auto:
+            fixed = Mount.from_pitch_roll(0.0, *(tilt or (0.0, 0.0)))
+            if sh != "auto":
+                return Mount(float(sh), fixed.up)
+            est = estimate_mount(level_points(points, fixed), fit_tilt=False)
+            if est is not None:
+                self._mount_history.append(Mount(est.height, fixed.up))
+        else:
+            est = estimate_mount(points, fit_tilt=True)
+            if est is not None:
+                self._mount_history.append(est if sh == "auto" else Mount(float(sh), est.up))
+        if self._mount_history:
+            return median_mount(list(self._mount_history))
+        return Mount(DEFAULT_SENSOR_HEIGHT if sh == "auto" else float(sh))
 
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
         t0 = time.perf_counter()
         cloud = _as_cloud(x, self.filters)
         t1 = time.perf_counter()
-        height = self.current_sensor_height(cloud.points)
+        mount = self.current_mount(cloud.points)
         pts = torch.from_numpy(cloud.points).to(self.device)
-        pts = pts + pts.new_tensor([0.0, 0.0, height, 0.0])  # ground -> z ~ 0 (copy: input untouched)
-        bev = self.voxelizer(pts)
+        # level + shift so the ground is at z ~ 0 (a copy: the caller's array is untouched)
+        rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
+        xyz = pts[:, :3] @ rot.T if mount.up != (0.0, 0.0, 1.0) else pts[:, :3]
+        xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
+        bev = self.voxelizer(torch.cat([xyz, pts[:, 3:4]], dim=1))
         self._input.copy_(bev[None])
         self._sync()
         t2 = time.perf_counter()
@@ -333,8 +334,7 @@ class DetectionPipeline:
         scores, labels, boxes = select_detections(
             scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"]
         )
-        boxes[:, 2] -= height
-        boxes_np = boxes.cpu().numpy().astype(np.float32)
+        boxes_np = unlevel_boxes(boxes.cpu().numpy(), mount)
         labels_np = labels.cpu().numpy().astype(np.int64)
         scores_np = scores.cpu().numpy().astype(np.float32)
         t4 = time.perf_counter()
@@ -347,7 +347,7 @@ class DetectionPipeline:
             boxes=boxes_np, labels=labels_np, scores=scores_np,
             label_names=[self.cfg.classes[i] for i in labels_np], timings_ms=timings,
             class_names=tuple(self.cfg.classes), stamp_ns=cloud.stamp_ns, frame_id=cloud.frame_id,
-            sensor_height=height, num_points=int(cloud.points.shape[0]),
+            sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, num_points=int(cloud.points.shape[0]),
         )
 
     __call__ = detect

@@ -149,3 +149,26 @@ def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
             break
         removed |= suppress[i]
     return order[torch.as_tensor(keep, dtype=torch.long, device=boxes.device)]
+
+
+def points_in_boxes(points, boxes) -> np.ndarray:
+    """Number of points inside each box (numpy or torch inputs) -> (M,) int64.
+
+    A point counts when it lies inside the rotated BEV rectangle and between the box's bottom and top."""
+    p = np.asarray(points, dtype=np.float32).reshape(-1, points.shape[-1] if hasattr(points, "shape") else 4)
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    out = np.zeros(b.shape[0], np.int64)
+    if p.shape[0] == 0:
+        return out
+    for i, (x, y, z, l, w, h, yaw) in enumerate(b):
+        r = 0.5 * math.hypot(l, w)
+        near = (np.abs(p[:, 0] - x) <= r) & (np.abs(p[:, 1] - y) <= r) & (np.abs(p[:, 2] - z) <= h / 2)
+        q = p[near]
+        if q.shape[0] == 0:
+            continue
+        dx, dy = q[:, 0] - x, q[:, 1] - y
+        c, s = math.cos(yaw), math.sin(yaw)
+        lx = c * dx + s * dy
+        ly = -s * dx + c * dy
+        out[i] = int(np.count_nonzero((np.abs(lx) <= l / 2) & (np.abs(ly) <= w / 2)))
+    return out

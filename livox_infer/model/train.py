@@ -1,0 +1,441 @@
+"""`livox-infer train`: train the BEV detector on simulated Livox scans.
+
+Two phases, both resumable and seeded:
+
+1. dataset: simulated frames (all five sensors, "street" and "open" scenes, random mounting
+   heights) are generated once into ``<work>/data/{train,val}-NNNN.npz`` shards (points cropped to
+   the grid plus a margin, boxes, labels, sensor height). Existing shards are reused.
+2. training: each step draws a batch of frames, augments them (y-flip, rotation about z, scaling,
+   small pitch/roll, ground-height error, point dropout, intensity gain / 0-1 scale), voxelizes,
+   builds CenterPoint targets and takes an AdamW step (one-cycle LR). Every ``--val-every`` steps
+   the model is evaluated on the held-out frames (BEV AP, R40); the best weights go to ``--out``
+   (safetensors, config architecture in the metadata). ``<work>/checkpoint.safetensors`` holds
+   model + optimizer state for ``--resume``; the data order depends only on (seed, step), so a
+   resumed run sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from livox_infer.errors import ConfigError, LivoxInferError
+from livox_infer.model.boxes import points_in_boxes
+from livox_infer.model.config import ModelConfig
+from livox_infer.model.evaluate import FrameBoxes, evaluate
+from livox_infer.model.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
+from livox_infer.model.losses import detection_loss
+from livox_infer.model.network import build_model
+from livox_infer.model.postprocess import select_detections, topk_decode
+from livox_infer.model.targets import build_targets
+from livox_infer.model.weights import save_weights
+from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
+
+log = logging.getLogger("livox_infer.train")
+
+SENSOR_NAMES = ("mid40", "mid70", "tele15", "horizon", "avia")
+SCENE_KINDS = ("street", "open")
+SHARD_FRAMES = 50
+TRAIN_MIN_POINTS = 3  # boxes with fewer points after augmentation get no target (invisible)
+VAL_MIN_POINTS = 5  # as `livox-infer eval`'s default
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class Frame:
+    points: np.ndarray  # (N, 4) f32, sensor frame, no-returns dropped, cropped to the grid + margin
+    boxes: np.ndarray  # (M, 7) f32 sensor frame
+    labels: np.ndarray  # (M,) int64
+    sensor_height: float  # metres to the ground plane
+    up: np.ndarray  # (3,) ground-plane normal in the sensor frame
+    sensor: str
+
+    @property
+    def mount(self) -> Mount:
+        return Mount(float(self.sensor_height), tuple(float(v) for v in self.up))
+
+
+def simulate_training_frame(sensor: str, seed: int, kind: str) -> Frame:
+    """One simulated frame of a fresh scene ``kind`` for ``sensor``.
+
+    The mount (ground height and tilt) is estimated from the cloud as the pipeline's "auto" mode
+    does, so training sees the same levelling as inference; when that fails, the simulator's true
+    mount (sensor height, world up from the pose) is used."""
+    import warnings
+
+    from livox_infer.sim.simulate import simulate_frame
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f = simulate_frame(sensor, seed, scene=kind)
+    pts = np.asarray(f.points, np.float32)
+    keep = np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
+    pts = pts[keep]
+    est = estimate_mount(pts)
+    if est is None or abs(est.height - f.sensor_height) > 0.5:
+        est = Mount(float(f.sensor_height), tuple(float(v) for v in np.asarray(f.pose)[2, :3]))
+    return Frame(pts, np.asarray(f.boxes, np.float32).reshape(-1, 7), np.asarray(f.labels, np.int64),
+                 est.height, np.asarray(est.up, np.float32), sensor)
+
+
+def _crop(points: np.ndarray, cfg: ModelConfig, margin: float = 8.0) -> np.ndarray:
+    g = cfg.grid
+    m = (points[:, 0] > g.x_range[0] - margin) & (points[:, 0] < g.x_range[1] + margin)
+    m &= (points[:, 1] > g.y_range[0] - margin) & (points[:, 1] < g.y_range[1] + margin)
+    return np.ascontiguousarray(points[m])
+
+
+def shard_path(data_dir: Path, split: str, index: int) -> Path:
+    return data_dir / f"{split}-{index:04d}.npz"
+
+
+def frame_spec(split: str, i: int, seed: int) -> tuple[str, int, str]:
+    """(sensor, sim seed, scene kind) of frame i: sensors and scene kinds interleave evenly."""
+    sensor = SENSOR_NAMES[i % len(SENSOR_NAMES)]
+    kind = SCENE_KINDS[(i // len(SENSOR_NAMES)) % len(SCENE_KINDS)]
+    base = 1_000_000 if split == "train" else 9_000_000  # disjoint seed ranges: val scenes are unseen
+    return sensor, base + seed * 100_003 + i, kind
+
+
+def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig) -> Path:
+    frames = []
+    for j in range(SHARD_FRAMES):
+        i = index * SHARD_FRAMES + j
+        sensor, sim_seed, kind = frame_spec(split, i, seed)
+        f = simulate_training_frame(sensor, sim_seed, kind)
+        f.points = _crop(f.points, cfg)
+        frames.append(f)
+    counts = np.array([f.points.shape[0] for f in frames], np.int64)
+    nbox = np.array([f.boxes.shape[0] for f in frames], np.int64)
+    out = shard_path(data_dir, split, index)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(
+        tmp,
+        points=np.concatenate([f.points for f in frames]) if frames else np.zeros((0, 4), np.float32),
+        counts=counts,
+        boxes=np.concatenate([f.boxes for f in frames]).reshape(-1, 7),
+        labels=np.concatenate([f.labels for f in frames]),
+        nbox=nbox,
+        sensor_height=np.array([f.sensor_height for f in frames], np.float32),
+        up=np.array([f.up for f in frames], np.float32).reshape(-1, 3),
+        sensor=np.array([f.sensor for f in frames]),
+    )
+    tmp.replace(out)
+    return out
+
+
+def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
+    frames: list[Frame] = []
+    for k in range(n_shards):
+        p = shard_path(data_dir, split, k)
+        with np.load(p, allow_pickle=False) as z:
+            pts, counts, boxes, labels, nbox = z["points"], z["counts"], z["boxes"], z["labels"], z["nbox"]
+            hs, ups, sensors = z["sensor_height"], z["up"], z["sensor"]
+        po = np.r_[0, np.cumsum(counts)]
+        bo = np.r_[0, np.cumsum(nbox)]
+        for j in range(len(counts)):
+            frames.append(Frame(pts[po[j] : po[j + 1]], boxes[bo[j] : bo[j + 1]], labels[bo[j] : bo[j + 1]],
+                                float(hs[j]), ups[j], str(sensors[j])))
+    return frames
+
+
+def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig) -> list[Frame]:
+    from tqdm import tqdm
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = max(1, math.ceil(n_frames / SHARD_FRAMES))
+    todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
+    if todo:
+        for k in tqdm(todo, desc=f"simulating {split} ({SHARD_FRAMES} frames/shard)", unit="shard"):
+            generate_shard(data_dir, split, k, seed, cfg)
+    return load_shards(data_dir, split, n_shards)[:n_frames]
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+def _rot_z(a: float) -> np.ndarray:
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]], np.float64)
+
+
+def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
+    """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
+    would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
+    learns to tolerate an imperfect sensor_height or ground estimate."""
+    pts = frame.points.copy()
+    boxes = frame.boxes.astype(np.float64).copy()
+    labels = frame.labels.copy()
+    up = frame.up.astype(np.float64).copy()
+    if rng.random() < 0.5:  # mirror left/right
+        pts[:, 1] *= -1
+        boxes[:, 1] *= -1
+        boxes[:, 6] *= -1
+        up[1] *= -1
+    yaw = rng.uniform(-0.2, 0.2) * strength  # stays within the forward FOVs
+    rot = _rot_z(yaw)
+    scale = rng.uniform(0.95, 1.05) if strength else 1.0
+    pts[:, :3] = (pts[:, :3].astype(np.float64) @ rot.T * scale).astype(np.float32)
+    boxes[:, :3] = boxes[:, :3] @ rot.T * scale
+    boxes[:, 3:6] *= scale
+    boxes[:, 6] = np.remainder(boxes[:, 6] + yaw + math.pi, 2 * math.pi) - math.pi
+    up = rot @ up
+    height = frame.sensor_height * scale
+    keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
+    pts = pts[keep]
+    if rng.random() < 0.1:
+        pts[:, 3] /= 255.0  # a 0..1-intensity driver read with the 0..255 setting
+    else:
+        pts[:, 3] = np.clip(pts[:, 3] * rng.uniform(0.7, 1.3), 0, 255)
+    # what the pipeline would be told / estimate: slightly wrong tilt and height
+    tilt_err = Mount.from_pitch_roll(0.0, rng.uniform(-0.6, 0.6) * strength, rng.uniform(-0.4, 0.4) * strength)
+    up = levelling_rotation(np.asarray(tilt_err.up)).T @ up
+    told = Mount(float(height + rng.uniform(-0.3, 0.3) * strength), tuple(float(v) for v in up / np.linalg.norm(up)))
+    return pts, boxes.astype(np.float32), labels, told
+
+
+def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants):
+    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points)."""
+    if rng is None:
+        pts, boxes, labels, mount = frame.points, frame.boxes, frame.labels, frame.mount
+    else:
+        pts, boxes, labels, mount = augment(frame, rng)
+    levelled = level_points(pts, mount)
+    boxes = level_boxes(boxes, mount)
+    npts = points_in_boxes(levelled, boxes)
+    bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
+    visible = npts >= TRAIN_MIN_POINTS
+    t = build_targets(boxes[visible], labels[visible], cfg)
+    return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts
+
+
+class BatchStream(torch.utils.data.IterableDataset):
+    """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step)."""
+
+    def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int):
+        self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
+
+    def __iter__(self):
+        torch.set_num_threads(1)
+        consts = ReferenceConstants(self.cfg.grid)
+        for step in range(self.start, self.total):
+            rng = np.random.default_rng([self.seed, step])
+            idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
+            bevs, tgts = [], []
+            for i in idx:
+                bev, t, *_ = prepare(self.frames[i], rng, self.cfg, consts)
+                bevs.append(bev)
+                tgts.append(t)
+            yield step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]}
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@torch.no_grad()
+def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], device: torch.device,
+                   score_floor: float = 0.05):
+    """Detections (ground-relative frame) and GT for validation, with low thresholds for a full PR curve."""
+    consts = ReferenceConstants(cfg.grid)
+    was_training = net.training
+    net.eval()
+    dets, gts = [], []
+    for f in frames:
+        bev, _, boxes, labels, npts = prepare(f, None, cfg, consts)
+        heads = net(bev[None].to(device))
+        s, l, b = topk_decode(heads, cfg)
+        s, l, b = select_detections(s[0].cpu(), l[0].cpu(), b[0].cpu(), [score_floor] * cfg.num_classes,
+                                    cfg.nms_iou, cfg.max_detections)
+        dets.append(FrameBoxes(b.numpy(), l.numpy(), s.numpy()))
+        gts.append(FrameBoxes(boxes, labels, None, npts))
+    net.train(was_training)
+    return dets, gts
+
+
+def validate(net, cfg, frames, device) -> dict[str, Any]:
+    dets, gts = predict_frames(net, cfg, frames, device)
+    g = cfg.grid
+    region = (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+    res = evaluate(dets, gts, cfg.classes, VAL_MIN_POINTS, region, metrics=("bev",))
+    return {"ap": res.ap, "num_gt": res.num_gt}
+
+
+def val_score(v: dict[str, Any]) -> float:
+    """Model selection: mean of car BEV AP@0.7 and pedestrian/cyclist BEV AP@0.5 (nan counts as 0)."""
+    vals = [v["ap"]["car"]["bev@0.7"], v["ap"]["pedestrian"]["bev@0.5"], v["ap"]["cyclist"]["bev@0.5"]]
+    return float(np.mean([0.0 if math.isnan(x) else x for x in vals]))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path: Path, net, opt, cfg: ModelConfig, step: int, best: float, args_json: str) -> None:
+    """Model + AdamW state as safetensors (no pickle); scalars in the metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    params = [p for grp in opt.param_groups for p in grp["params"]]
+    opt_steps = {}
+    for i, p in enumerate(params):
+        st = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                tensors[f"opt.{i}.{key}"] = st[key].detach().cpu().contiguous()
+        if "step" in st:
+            opt_steps[i] = float(st["step"])
+    meta = {"step": str(step), "best": repr(best), "arch": cfg.architecture_hash(), "args": args_json,
+            "opt_steps": json.dumps(opt_steps)}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("arch") != cfg.architecture_hash():
+        raise ConfigError(f"checkpoint {path} belongs to another model config; delete it or use its config")
+    t = load_file(str(path))
+    net.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
+    params = [p for grp in opt.param_groups for p in grp["params"]]
+    steps = {int(k): v for k, v in json.loads(meta.get("opt_steps", "{}")).items()}
+    for i, p in enumerate(params):
+        if f"opt.{i}.exp_avg" in t:
+            opt.state[p] = {
+                "step": torch.tensor(steps.get(i, 0.0)),
+                "exp_avg": t[f"opt.{i}.exp_avg"].to(p.device),
+                "exp_avg_sq": t[f"opt.{i}.exp_avg_sq"].to(p.device),
+            }
+    return int(meta["step"]), float(meta.get("best", "-inf"))
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (0.1 + 0.9 * step / max(1, warmup))
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--out", default=None, help="best weights (safetensors); default models/<weights> of the config")
+    p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
+    p.add_argument("--train-frames", type=int, default=2000)
+    p.add_argument("--val-frames", type=int, default=100)
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-every", type=int, default=500)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
+    p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return _train(args)
+    except LivoxInferError as exc:
+        print(f"livox-infer train: {exc}", file=sys.stderr)
+        return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from livox_infer.voxelize.voxelizer import resolve_device
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    cfg = ModelConfig.load(args.config)
+    device = resolve_device(args.device)
+    work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
+    out = Path(args.out) if args.out else cfg.weights_path()
+    t_start = time.time()
+    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg)
+    val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg)
+    log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
+             time.time() - t_start)
+    if args.data_only:
+        return 0
+
+    net = build_model(cfg).to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    ckpt = work / "checkpoint.safetensors"
+    start, best = 0, -math.inf
+    if args.resume and ckpt.is_file():
+        start, best = load_checkpoint(ckpt, net, opt, cfg)
+        log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
+    args_json = json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}, sort_keys=True)
+    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
+                                         prefetch_factor=4 if args.workers else None)
+    warmup = max(1, args.steps // 20)
+    history = []
+    net.train()
+    bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}", unit="step")
+    ema = None
+    step = start
+    for step, bev, tgt in bar:
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step, args.steps, args.lr, warmup)
+        bev = bev.to(device, non_blocking=True)
+        tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
+        loss, parts = detection_loss(net(bev), tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
+        opt.step()
+        ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
+        bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+        done = step + 1
+        out_of_time = args.max_minutes is not None and (time.time() - t_start) > args.max_minutes * 60
+        if done % args.val_every == 0 or done == args.steps or out_of_time:
+            v = validate(net, cfg, val_frames, device)
+            score = val_score(v)
+            ap = v["ap"]
+            log.info(
+                "step %d loss hm %.3f reg %.3f | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
+                done, ema["heatmap"], ema["regression"], ap["car"]["bev@0.7"], ap["pedestrian"]["bev@0.5"],
+                ap["cyclist"]["bev@0.5"], v["num_gt"], score,
+            )
+            history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
+            if score > best:
+                best = score
+                save_weights(net, cfg, out, extra={
+                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
+                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
+                })
+                log.info("saved best weights to %s", out)
+            save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
+            with open(work / "history.jsonl", "a") as f:
+                f.write(json.dumps(history[-1]) + "\n")
+        if out_of_time:
+            log.info("--max-minutes reached at step %d", done)
+            break
+    log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
+    return 0

@@ -1,0 +1,275 @@
+"""Model config, target encode/decode round trip, losses, safetensors weights checks, AP."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from livox_infer.errors import ConfigError, WeightsError
+from livox_infer.model import InferenceModel, ModelConfig, build_model, load_weights, save_weights
+from livox_infer.model.evaluate import FrameBoxes, average_precision_r40, evaluate
+from livox_infer.model.losses import detection_loss
+from livox_infer.model.postprocess import select_detections, topk_decode
+from livox_infer.model.targets import build_targets
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def small_config(**over) -> ModelConfig:
+    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
+    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8], cell_size=0.4)
+    d["backbone"] = {"stem_channels": 4, "stage_channels": [8, 8, 8], "stage_blocks": [1, 1, 1], "neck_channels": 8}
+    d["head"]["head_channels"] = 8
+    d.update(over)
+    return ModelConfig.from_dict(d, source="test")
+
+
+def test_shipped_configs_load():
+    for name in ("lite", "full"):
+        cfg = ModelConfig.load(name)
+        assert cfg.classes == ("car", "pedestrian", "cyclist")
+        assert cfg.grid.shape[0] == cfg.grid.n_channels
+        assert cfg.weights.endswith(".safetensors")
+    assert ModelConfig.load("full").grid.cell_size < ModelConfig.load("lite").grid.cell_size
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"backbone": {"stage_channels": [8, -1, 8]}},
+        {"backbone": {"stage_channels": [8, 8], "stage_blocks": [1, 1, 1]}},
+        {"head": {"out_stride": 3}},
+        {"score_thresholds": {"car": 0.3}},  # classes missing
+        {"score_thresholds": 1.5},
+        {"nms": {"iou_threshold": "x"}},
+        {"surprise": 1},
+        {"grid": {"cell_size": -1}},
+    ],
+)
+def test_bad_configs_raise_config_error(change):
+    d = small_config().to_dict()
+    for k, v in change.items():
+        if k in ("backbone", "head", "grid", "nms"):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    with pytest.raises(ConfigError):
+        ModelConfig.from_dict(d)
+
+
+def test_missing_config_is_config_error(tmp_path):
+    with pytest.raises(ConfigError):
+        ModelConfig.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid: [unclosed")
+    with pytest.raises(ConfigError):
+        ModelConfig.load(bad)
+
+
+def _fake_heads(t, cfg):
+    """Head maps that reproduce the targets exactly (heatmap = targets, regression at centres)."""
+    hh, hw = cfg.head_shape
+    heads = {"heatmap": torch.logit(torch.from_numpy(t["heatmap"]).clamp(1e-6, 1 - 1e-6))[None]}
+    reg = torch.zeros(1, 8, hh * hw)
+    for i in range(int(t["mask"].sum())):
+        reg[0, :, t["index"][i]] = torch.from_numpy(t["regression"][i])
+    reg = reg.view(1, 8, hh, hw)
+    heads.update(offset=reg[:, 0:2], z=reg[:, 2:3], size=reg[:, 3:6], yaw=reg[:, 6:8])
+    return heads
+
+
+def test_targets_decode_round_trip():
+    cfg = small_config()
+    boxes = np.array([
+        [10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4],
+        [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -2.0],
+        [20.0, 8.0, 0.8, 1.8, 0.6, 1.7, 3.0],
+        [5.05, -11.9, 0.7, 0.5, 0.5, 1.6, 0.0],
+    ], np.float32)
+    labels = np.array([0, 1, 2, 1])
+    t = build_targets(boxes, labels, cfg)
+    assert t["mask"].sum() == 4
+    s, l, b = topk_decode(_fake_heads(t, cfg), cfg)
+    s, l, b = select_detections(s[0], l[0], b[0], cfg.score_thresholds, cfg.nms_iou, 10)
+    order = np.argsort(b[:, 0].numpy())
+    ref = np.argsort(boxes[:, 0])
+    assert np.allclose(b.numpy()[order], boxes[ref], atol=1e-4)
+    assert l.numpy()[order].tolist() == labels[ref].tolist()
+    assert np.allclose(s.numpy(), 1.0, atol=1e-4)
+
+
+def test_targets_skip_boxes_outside_grid_and_bad_labels():
+    cfg = small_config()
+    boxes = np.array([[-3.0, 0, 0.8, 4, 2, 1.5, 0], [10, 30, 0.8, 4, 2, 1.5, 0], [10, 0, 0.8, 4, 2, 1.5, 0]], np.float32)
+    t = build_targets(boxes, np.array([0, 0, 7]), cfg)
+    assert t["mask"].sum() == 0 and t["heatmap"].max() == 0
+
+
+def test_loss_decreases_on_one_batch():
+    torch.manual_seed(0)
+    cfg = small_config()
+    net = build_model(cfg)
+    boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -2.0]], np.float32)
+    t = {k: torch.from_numpy(v)[None] for k, v in build_targets(boxes, np.array([0, 1]), cfg).items()}
+    bev = torch.rand(1, *cfg.grid.shape)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    first = None
+    for _ in range(15):
+        loss, parts = detection_loss(net(bev), t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = first if first is not None else float(loss)
+    assert float(loss) < 0.7 * first
+    assert set(parts) == {"heatmap", "regression"}
+
+
+def test_inference_model_has_static_output_shapes():
+    cfg = small_config()
+    net = build_model(cfg).eval()
+    with torch.no_grad():
+        s, l, b = InferenceModel(net, cfg)(torch.zeros(1, *cfg.grid.shape))
+    assert s.shape == (cfg.top_k,) and l.shape == (cfg.top_k,) and b.shape == (cfg.top_k, 7)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def test_weights_round_trip_and_metadata(tmp_path):
+    cfg = small_config()
+    net = build_model(cfg)
+    p = tmp_path / "w.safetensors"
+    save_weights(net, cfg, p, extra={"note": "x"})
+    other = build_model(cfg)
+    meta = load_weights(other, cfg, p)
+    assert meta["note"] == "x" and meta["architecture_hash"] == cfg.architecture_hash()
+    for (k, a), (_, b) in zip(net.state_dict().items(), other.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_weights_rejects_missing_corrupt_and_mismatched(tmp_path):
+    cfg = small_config()
+    net = build_model(cfg)
+    with pytest.raises(WeightsError, match="not found"):
+        load_weights(net, cfg, tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 64)
+    with pytest.raises(WeightsError):
+        load_weights(net, cfg, junk)
+    good = tmp_path / "good.safetensors"
+    save_weights(net, cfg, good)
+    trunc = tmp_path / "trunc.safetensors"
+    trunc.write_bytes(good.read_bytes()[:-100])
+    with pytest.raises(WeightsError):
+        load_weights(net, cfg, trunc)
+    # a pickle file is refused without being unpickled
+    pick = tmp_path / "pickle.safetensors"
+    torch.save(net.state_dict(), pick)
+    with pytest.raises(WeightsError):
+        load_weights(net, cfg, pick)
+    # weights of a different architecture
+    wider = small_config(head={**small_config().to_dict()["head"], "head_channels": 16})
+    with pytest.raises(WeightsError, match="different model config"):
+        load_weights(build_model(wider), wider, good)
+
+
+def test_weights_rejects_tampered_tensors(tmp_path):
+    from safetensors.torch import save_file
+
+    cfg = small_config()
+    net = build_model(cfg)
+    good = tmp_path / "good.safetensors"
+    save_weights(net, cfg, good)
+    from livox_infer.model.weights import read_metadata
+
+    meta = read_metadata(good)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    state.pop(next(iter(state)))
+    bad = tmp_path / "bad.safetensors"
+    save_file(state, str(bad), metadata=meta)
+    with pytest.raises(WeightsError, match="missing"):
+        load_weights(net, cfg, bad)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    k = "heatmap.weight"
+    state[k] = torch.full_like(state[k], float("nan"))
+    save_file(state, str(bad), metadata=meta)
+    with pytest.raises(WeightsError, match="NaN"):
+        load_weights(net, cfg, bad)
+
+
+# --------------------------------------------------------------------------- AP
+
+
+def fb(boxes, labels, scores=None, num_points=None):
+    return FrameBoxes(np.asarray(boxes, np.float32).reshape(-1, 7), labels, scores, num_points)
+
+
+CAR = [10.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0]
+CAR2 = [20.0, 5.0, 0.8, 4.0, 1.8, 1.5, 0.5]
+
+
+def test_ap_perfect_and_none():
+    gt = [fb([CAR, CAR2], [0, 0]), fb([CAR], [0])]
+    perfect = [fb([CAR, CAR2], [0, 0], [0.9, 0.8]), fb([CAR], [0], [0.7])]
+    assert evaluate(perfect, gt).ap["car"]["bev@0.7"] == pytest.approx(1.0)
+    assert evaluate(perfect, gt).ap["car"]["3d@0.7"] == pytest.approx(1.0)
+    nothing = [fb([], []), fb([], [])]
+    assert evaluate(nothing, gt).ap["car"]["bev@0.7"] == 0.0
+    wrong_place = [fb([[40, 0, 0.8, 4, 1.8, 1.5, 0]], [0], [0.9]), fb([], [])]
+    assert evaluate(wrong_place, gt).ap["car"]["bev@0.5"] == 0.0
+    assert math.isnan(evaluate(perfect, gt).ap["pedestrian"]["bev@0.5"])  # no GT of that class
+
+
+def test_ap_half_recall_and_false_positive_ranking():
+    gt = [fb([CAR, CAR2], [0, 0])]
+    half = [fb([CAR], [0], [0.9])]
+    assert evaluate(half, gt).ap["car"]["bev@0.7"] == pytest.approx(0.5)
+    # a false positive ranked above both true positives: precision 1/2 at recall 0.5, 2/3 at recall 1;
+    # the interpolated precision (best at recall >= r) is 2/3 everywhere
+    fp_first = [fb([[40, 0, 0.8, 4, 1.8, 1.5, 0], CAR, CAR2], [0, 0, 0], [0.95, 0.9, 0.8])]
+    expected = 2 / 3
+    assert evaluate(fp_first, gt).ap["car"]["bev@0.7"] == pytest.approx(expected)
+    # duplicates of one GT: the second is a false positive
+    dup = [fb([CAR, CAR, CAR2], [0, 0, 0], [0.9, 0.85, 0.8])]
+    assert evaluate(dup, gt).ap["car"]["bev@0.7"] == pytest.approx((20 * 1.0 + 20 * (2 / 3)) / 40)
+
+
+def test_ap_ignores_gt_with_few_points_and_their_detections():
+    gt = [fb([CAR, CAR2], [0, 0], num_points=[50, 2])]
+    dets = [fb([CAR, CAR2], [0, 0], [0.9, 0.95])]
+    res = evaluate(dets, gt, min_points=5)
+    assert res.ap["car"]["bev@0.7"] == pytest.approx(1.0)  # CAR2's detection is neither TP nor FP
+    assert res.num_gt["car"] == 1 and res.num_ignored["car"] == 1
+    only_far = [fb([CAR2], [0], [0.9])]
+    assert evaluate(only_far, gt, min_points=5).ap["car"]["bev@0.7"] == 0.0
+
+
+def test_ap_class_mismatch_is_not_a_match():
+    gt = [fb([CAR], [0])]
+    assert evaluate([fb([CAR], [2], [0.9])], gt).ap["car"]["bev@0.7"] == 0.0
+
+
+def test_average_precision_r40_edge_cases():
+    assert math.isnan(average_precision_r40(np.zeros(0), np.zeros(0, bool), 0))
+    assert average_precision_r40(np.array([0.5]), np.array([True]), 1) == pytest.approx(1.0)
+    assert average_precision_r40(np.array([0.5]), np.array([True]), 4) == pytest.approx(10 / 40)
+
+
+def test_eval_reads_jsonl(tmp_path):
+    from livox_infer.model.evaluate import read_jsonl
+
+    p = tmp_path / "d.jsonl"
+    rows = [{"stamp": 5, "boxes": [{"label": "car", "score": 0.5, "x": 1, "y": 2, "z": 0, "l": 4, "w": 2, "h": 1.5, "yaw": 0}]},
+            {"stamp": 6, "boxes": []}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    frames = read_jsonl(p)
+    assert [f.stamp_ns for f in frames] == [5, 6]
+    assert frames[0].boxes.shape == (1, 7) and frames[1].boxes.shape == (0, 7)
+    p.write_text("{not json\n")
+    with pytest.raises(ConfigError):
+        read_jsonl(p)
