@@ -74,10 +74,11 @@ def test_boxes_contain_their_points(mode):
         np.testing.assert_array_equal(counted, f.num_points)
         for i, box in enumerate(f.boxes):
             own = f.points[f.instance == i]
-            # 4 sigma of range noise: every return on the object lies in its box
-            assert np.all(_inside(own, box, 0.08)), (mode, seed, i)
+            # every return on the object lies in its box, up to 4 sigma of range noise (grows past 50 m)
+            tol = 0.02 + 4 * 0.02 * np.maximum(1.0, np.linalg.norm(own[:, :3], axis=1) / 50.0)
+            assert np.all(_inside(own, box, tol)), (mode, seed, i)
             if f.num_points[i] > 0:
-                inside = _inside(f.points[f.valid], box, 0.08).sum()
+                inside = _inside(f.points[f.valid], box, float(tol.max())).sum()
                 assert inside >= f.num_points[i]
         total_visible += int((f.num_points >= 5).sum())
         # boxes are in front of the sensor and sit on the ground (bottom near -sensor_height nearby)

@@ -96,7 +96,7 @@ def _paint(rng) -> float:
     return float(_PAINT_REFLECT[min(k, 4)] * rng.uniform(0.8, 1.2))
 
 
-_PAINT_REFLECT = (0.06, 0.15, 0.35, 0.55, 0.75)
+_PAINT_REFLECT = (0.04, 0.1, 0.25, 0.4, 0.55)
 _PAINT_CDF = np.cumsum([0.25, 0.2, 0.2, 0.2, 0.15])
 
 
@@ -180,7 +180,7 @@ def build_pedestrian(rng: np.random.Generator) -> Primitives:
     """Legs (apart when walking), feet, torso, arms, head; sometimes a bag."""
     H = float(rng.uniform(1.5, 1.9))
     b = PrimitiveBuilder()
-    cloth = float(rng.uniform(0.1, 0.6))
+    cloth = float(rng.uniform(0.05, 0.45))
     trousers = float(rng.uniform(0.08, 0.45))
     skin = float(rng.uniform(0.25, 0.45))
     walking = rng.random() < 0.7
@@ -247,7 +247,7 @@ def build_cyclist(rng: np.random.Generator) -> Primitives:
     bar_half = float(rng.uniform(0.24, 0.34))
     b.add(CYLINDER, bar, (0.015, 0.015, bar_half), rot_x(np.pi / 2), reflect=0.2)
     # rider
-    cloth = float(rng.uniform(0.1, 0.6))
+    cloth = float(rng.uniform(0.05, 0.45))
     trousers = float(rng.uniform(0.08, 0.45))
     hip = seat + np.array([0.0, 0.0, 0.08])
     lean = float(rng.uniform(0.35, 0.75))  # torso angle from vertical (rad)
@@ -314,13 +314,33 @@ def _add_tree(b: PrimitiveBuilder, rng, x, y, z0):
         r = crown_r * rng.uniform(0.6, 1.0)
         b.add(ELLIPSOID, (x + off[0], y + off[1], z0 + trunk_h + r * 0.8 + abs(off[2])),
               (r, r * rng.uniform(0.8, 1.1), r * rng.uniform(0.7, 1.1)),
-              reflect=float(rng.uniform(0.3, 0.55)), volume_k=float(rng.uniform(0.6, 2.5)))
+              reflect=float(rng.uniform(0.25, 0.5)), volume_k=float(rng.uniform(0.6, 2.5)))
+
+
+def _add_background(b: PrimitiveBuilder, rng, ground: Ground, x_lo: float, x_hi: float, clear_half: float,
+                    clutter: float) -> None:
+    """Far content seen over and between the near scene: tree groups and buildings 20-150 m out,
+    outside the corridor |y| < clear_half (the road). Real Livox scans get half their returns there."""
+    n_groups = int(rng.integers(6, 16) * clutter)
+    for _ in range(n_groups):
+        x = float(rng.uniform(max(x_lo, 15.0), x_hi + 40))
+        y = _sign(rng) * float(clear_half + rng.exponential(25.0))
+        if rng.random() < 0.7:
+            for _ in range(int(rng.integers(2, 9))):
+                tx, ty = x + rng.normal(0, 6), y + rng.normal(0, 6)
+                if abs(ty) > clear_half:
+                    _add_tree(b, rng, tx, ty, ground.plane(tx, ty))
+        else:
+            ln, dp, h = rng.uniform(10, 40), rng.uniform(8, 20), rng.uniform(4, 25)
+            if abs(y) - dp / 2 > clear_half:
+                b.add(BOX, (x, y, ground.plane(x, y) + h / 2 - 0.5), (ln / 2, dp / 2, h / 2 + 0.5),
+                      rot_z(float(rng.normal(0, 0.3))), reflect=float(rng.uniform(0.08, 0.3)))
 
 
 def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
     h = float(rng.uniform(3.0, 9.0))
     r = float(rng.uniform(0.04, 0.13))
-    b.add(CYLINDER, (x, y, z0 + h / 2), (r, r, h / 2), reflect=float(rng.uniform(0.2, 0.45)))
+    b.add(CYLINDER, (x, y, z0 + h / 2), (r, r, h / 2), reflect=float(rng.uniform(0.1, 0.35)))
     u = rng.random()
     if u < 0.35:  # traffic sign, retro-reflective, faces the road
         s = float(rng.uniform(0.3, 0.45))
@@ -370,7 +390,7 @@ def _add_building(b: PrimitiveBuilder, rng, x0, x1, y_face, side, z0):
     h = float(rng.uniform(3.0, 22.0))
     yc = y_face + side * depth / 2
     b.add(BOX, ((x0 + x1) / 2, yc, z0 + h / 2 - 0.5), ((x1 - x0) / 2, depth / 2, h / 2 + 0.5),
-          reflect=float(rng.uniform(0.15, 0.45)))
+          reflect=float(rng.uniform(0.08, 0.3)))
     # windows: dark glass bands on the facade (rays pass into the building and return from inside)
     if h > 4 and rng.random() < 0.7:
         n_floors = int(h // 3)
@@ -483,13 +503,14 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             zc = ground.plane(xc, yc) + curb_h / 2 - 0.1
             b.add(BOX, (xc, yc, zc), ((c - a) / 2, ww / 2, curb_h / 2 + 0.1), tilt,
                   reflect=float(rng.uniform(0.18, 0.35)))
-    # building facades (with gaps)
+    # building facades (with gaps; some streets are lined, others open onto yards, lots and parks)
+    facade_density = float(rng.uniform(0.25, 0.95))
     for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
         x = x_lo
         while x < x_hi:
             w = float(rng.uniform(8, 40))
-            if rng.random() < 0.8 * min(clutter, 1.5) and not in_cross(x) and not in_cross(x + w):
-                setback = float(rng.uniform(0, 4)) if rng.random() < 0.5 else 0.0
+            if rng.random() < facade_density * min(clutter, 1.2) and not in_cross(x) and not in_cross(x + w):
+                setback = float(rng.uniform(0, 12)) if rng.random() < 0.5 else 0.0
                 y_face = side * (road_half + ww + setback)
                 _add_building(b, rng, x, x + w, y_face, side, ground.plane(x + w / 2, y_face))
                 # a fence or hedge in front of setback buildings
@@ -502,6 +523,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
                         b.add(BOX, (x + w / 2, yf, ground.plane(x, yf) + 0.6 + curb_h), (w / 2, 0.03, 0.6),
                               reflect=0.35, hit_prob=0.5)
             x += w + float(rng.uniform(0, 6))
+    _add_background(b, rng, ground, x_lo, x_hi, road_half + max(walk_w) + 3.0, clutter)
     # trees and poles along the curbs
     for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
         x = x_lo + rng.uniform(0, 10)
@@ -642,7 +664,7 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
         ln, dp, h = rng.uniform(6, 30), rng.uniform(5, 15), rng.uniform(3, 15)
         if placer.free(x, y, np.hypot(ln, dp) / 2):
             b.add(BOX, (x, y, ground.plane(x, y) + h / 2 - 0.5), (ln / 2, dp / 2, h / 2 + 0.5), rot_z(yaw),
-                  reflect=float(rng.uniform(0.15, 0.45)))
+                  reflect=float(rng.uniform(0.08, 0.3)))
             placer.take(x, y, np.hypot(ln, dp) / 2)
     for _ in range(int(rng.integers(2, 8) * clutter)):  # walls / fences
         x, y = sample_xy(5, reach)
@@ -650,15 +672,17 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
         ln, h = rng.uniform(3, 20), rng.uniform(0.6, 2.5)
         if placer.free(x, y, ln / 2):
             b.add(BOX, (x, y, ground.plane(x, y) + h / 2), (ln / 2, 0.1, h / 2), rot_z(yaw),
-                  reflect=float(rng.uniform(0.15, 0.5)), hit_prob=1.0 if rng.random() < 0.6 else 0.5)
+                  reflect=float(rng.uniform(0.08, 0.35)), hit_prob=1.0 if rng.random() < 0.6 else 0.5)
             placer.take(x, y, ln / 2)
+    _add_background(b, rng, ground, 10.0, reach + 40, 15.0, clutter)
     for _ in range(int(rng.integers(5, 25) * clutter)):
         x, y = sample_xy(4, reach)
         if placer.free(x, y, 0.6):
             u = rng.random()
             z0 = ground.plane(x, y)
             if u < 0.35:
-                _add_tree(b, rng, x, y, z0)
+                if np.hypot(x, y) > 8.0:  # crowns reach 4 m out: keep them off the sensor
+                    _add_tree(b, rng, x, y, z0)
             elif u < 0.6:
                 _add_pole(b, rng, x, y, z0, float(rng.uniform(0, 2 * np.pi)))
             else:

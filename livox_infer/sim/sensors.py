@@ -118,7 +118,12 @@ class SensorModel:
             width = self.sweep_half_deg * (1.0 + 0.03 * np.sin(TWO_PI * 1.3 * t + phases[2]))
             az = self.sweep_center_deg + width * tri + off_az
             step = np.tanh(3.0 * np.cos(psi)) / np.tanh(3.0)
-            drift = np.sin(TWO_PI * self.drift_hz * t + phases[1])
+            # the slow drift advances mostly at the turnarounds, so each sweep stays nearly level
+            # (ground returns form arcs of constant range, as in real Horizon scans)
+            s = (psi - np.pi / 2) / np.pi
+            stair = s + np.sin(TWO_PI * s) / TWO_PI
+            t_stair = (stair * np.pi + np.pi / 2 - phases[0]) / (TWO_PI * self.sweep_hz)
+            drift = np.sin(TWO_PI * self.drift_hz * t_stair + phases[1])
             el = self.step_half_deg * step + self.drift_half_deg * drift + off_el
         else:  # pragma: no cover - guarded by the SENSORS table
             raise ConfigError(f"unknown scan pattern {self.pattern!r}")

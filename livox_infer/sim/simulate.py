@@ -118,7 +118,8 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     # ---- sensor pose (world-from-sensor); the ego drives along +x in its lane
     t0 = int(frame_index) * period
     heading = np.radians(yaw_off)
-    R = rot_z(heading) @ rot_y(np.radians(pitch)) @ rot_x(np.radians(roll))
+    # the mount attitude is relative to the road surface the vehicle stands on
+    R = scn.ground_tilt @ rot_z(heading) @ rot_y(np.radians(pitch)) @ rot_x(np.radians(roll))
 
     def ego_origin(t):
         x = ego_speed * t
@@ -168,8 +169,11 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     rng_out = rng_out + rng.normal(0, 1, n) * sigma
     # reflectivity: Livox reports calibrated reflectivity (0-150 diffuse, 151-255 retro-reflective)
     diffuse = 150.0 * rho * cos_inc ** 0.2 / (1.0 + (rng_out / 300.0) ** 2)
-    diffuse = diffuse * rng.lognormal(0.0, 0.18, n) + rng.normal(0, 1.0, n)
-    retro_val = 151.0 + 104.0 * np.clip(rho * (0.6 + 0.4 * cos_inc) * rng.uniform(0.85, 1.1, n), 0, 1)
+    # foliage returns come from leaves filling part of the beam: weaker than a full surface
+    partial = np.where(is_ground, False, prims.volume_k[pi] > 0 if len(prims) else False)
+    diffuse = np.where(partial, diffuse * rng.uniform(0.25, 0.7, n), diffuse)
+    diffuse = diffuse * rng.lognormal(0.0, 0.3, n) + rng.normal(0, 1.0, n)
+    retro_val = 151.0 + 104.0 * np.clip(rho * (0.6 + 0.4 * cos_inc) * rng.uniform(0.8, 1.5, n), 0, 1)  # often saturates
     inten = np.where(retro, retro_val, np.clip(diffuse, 0, 150))
     # rare false alarms (sun, crosstalk): random range on otherwise empty or any ray
     fa = rng.random(n) < false_alarm
