@@ -367,6 +367,7 @@ def test_bench_decode_cli_runs(capsys):
     assert "sensor_msgs_py:" in out
     for layout in LAYOUTS:
         assert f"{layout:8} livox_infer+filters" in out
+    assert "custom   rosbags deserialize" in out and "custom   livox_infer+filters" in out
 
 
 def test_cdr_interoperates_with_rclpy_serialization():

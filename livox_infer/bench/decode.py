@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="take the points from this .pcd/.bin (tiled or cut to --points) instead of synthetic ones")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated encode layouts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rosbags-repeat", type=int, default=3,
+                        help="timed rosbags CustomMsg deserializations (slow: one Python object per point; 0 skips)")
 
 
 def make_points(n: int, seed: int = 0, source: Path | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,4 +112,26 @@ def main(args: argparse.Namespace) -> int:
         for name, med, p90, n in rows:
             speed = f"{reference / med:.2f}x" if reference else "-"
             print(f"{layout:8} {name:22} {med:10.3f} {p90:8.3f} {n:7d} {speed:>18}")
+    _bench_custom_msg(pts, t, tag, args)
     return 0
+
+
+def _bench_custom_msg(pts: np.ndarray, t: np.ndarray, tag: np.ndarray, args: argparse.Namespace) -> None:
+    """Livox CustomMsg CDR -> Cloud: livox_infer's numpy codec vs rosbags' generic deserializer."""
+    from livox_infer.bag import custom_msg_to_cloud, decode_custom_msg_cdr, encode_custom_msg_cdr, typestore
+
+    raw = encode_custom_msg_cdr(pts, time=t, tag=tag, stamp_ns=1_700_000_000_000_000_000)
+    fns: dict[str, Callable[[], Any]] = {"livox_infer": lambda: custom_msg_to_cloud(decode_custom_msg_cdr(raw)),
+                                         "livox_infer+filters": lambda: custom_msg_to_cloud(
+                                             decode_custom_msg_cdr(raw), FILTERS)}
+    results = _interleaved(fns, args.repeat)
+    if args.rosbags_repeat > 0:
+        store = typestore()
+        slow = _interleaved({"rosbags deserialize": lambda: store.deserialize_cdr(
+            raw, "livox_ros_driver2/msg/CustomMsg")}, args.rosbags_repeat)
+        med, p90, msg = slow["rosbags deserialize"]
+        results = {"rosbags deserialize": (med, p90, msg.points), **results}
+    reference = results.get("rosbags deserialize", (None,))[0]
+    for name, (med, p90, out) in results.items():
+        speed = f"{reference / med:.1f}x vs rosbags" if reference else "-"
+        print(f"{'custom':8} {name:22} {med:10.3f} {p90:8.3f} {len(out):7d} {speed:>18}")
