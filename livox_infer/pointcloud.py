@@ -345,6 +345,8 @@ def _points_to_seconds(column: np.ndarray, keep: np.ndarray | None, dtype: np.dt
 def _filter_mask(x: np.ndarray, y: np.ndarray, z: np.ndarray, intensity: np.ndarray | None,
                  tag: np.ndarray | None, filters: DecodeFilter | None) -> np.ndarray:
     """Keep-mask over contiguous columns (contiguous float32 runs ~5x faster than strided)."""
+    if filters is not None and not isinstance(filters, DecodeFilter):
+        raise ConfigError(f"filters must be a DecodeFilter or None, got {type(filters).__name__}")
     with np.errstate(over="ignore", invalid="ignore"):
         r2 = x * x
         r2 += y * y

@@ -383,6 +383,13 @@ def test_cdr_interoperates_with_rclpy_serialization():
     assert cloud.stamp_ns == STAMP_NS
 
 
+def test_filters_must_be_a_decode_filter():
+    with pytest.raises(ConfigError):
+        decode_pointcloud2(encode_pointcloud2(random_points(5), "xyzi"), filters={"max_range": 5})
+    with pytest.raises(ConfigError):
+        filter_points(random_points(5), filters="strict")
+
+
 def test_filter_accepts_numpy_numbers_and_rejects_bools():
     f = DecodeFilter(max_range=np.float32(50.0), x_min=np.int64(-3))
     assert not f.is_noop and DecodeFilter().is_noop
