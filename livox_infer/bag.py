@@ -32,7 +32,6 @@ from livox_infer.errors import PointCloudError
 from livox_infer.pointcloud import (
     Cloud,
     DecodeFilter,
-    PointCloud2Data,
     decode_pointcloud2,
     filter_columns,
     from_message,
