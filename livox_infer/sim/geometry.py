@@ -175,8 +175,8 @@ class Ground:
         x = od[:, 0] + tp * dd[:, 0]
         y = od[:, 1] + tp * dd[:, 1]
         rough = np.zeros(len(down))
-        gx = np.full(len(down), self.gx)
-        gy = np.full(len(down), self.gy)
+        gx = np.full(len(down), float(self.gx))
+        gy = np.full(len(down), float(self.gy))
         for a, k, ph in zip(self.rough_amp, self.rough_k, self.rough_phase):
             arg = k[0] * x + k[1] * y + ph
             rough += a * np.sin(arg)

@@ -184,7 +184,7 @@ def build_pedestrian(rng: np.random.Generator) -> Primitives:
     trousers = float(rng.uniform(0.08, 0.45))
     skin = float(rng.uniform(0.25, 0.45))
     walking = rng.random() < 0.7
-    stride = float(rng.uniform(0.18, 0.45)) if walking else float(rng.uniform(0.0, 0.08))
+    stride = float(rng.uniform(0.18, 0.38)) if walking else float(rng.uniform(0.06, 0.16))
     hip_z = 0.5 * H
     leg_len = hip_z - 0.04
     lr = float(rng.uniform(0.06, 0.08))
@@ -194,7 +194,8 @@ def build_pedestrian(rng: np.random.Generator) -> Primitives:
         a = sgn * swing
         foot_x = np.sin(a) * leg_len
         cx = foot_x / 2
-        b.add(CYLINDER, (cx, side * hip_w, 0.04 + leg_len / 2), (lr, lr, leg_len / 2), rot_y(a), reflect=trousers)
+        # rot_y(-a) tips the leg's top back over the hip and its foot forward to foot_x
+        b.add(CYLINDER, (cx, side * hip_w, 0.04 + leg_len / 2), (lr, lr, leg_len / 2), rot_y(-a), reflect=trousers)
         b.add(BOX, (foot_x + 0.05, side * hip_w, 0.04), (0.13, 0.05, 0.04), reflect=0.1)
     shoulder_z = 0.82 * H
     tw = float(rng.uniform(0.17, 0.22))  # half shoulder width
@@ -211,7 +212,7 @@ def build_pedestrian(rng: np.random.Generator) -> Primitives:
         a = sgn * swing * 0.8
         cx = -np.sin(a) * arm_len / 2
         b.add(CYLINDER, (cx, side * (tw + 0.045), shoulder_z - 0.03 - arm_len / 2 * np.cos(a)),
-              (0.045, 0.045, arm_len / 2), rot_y(-a), reflect=cloth)
+              (0.045, 0.045, arm_len / 2), rot_y(a), reflect=cloth)
     if rng.random() < 0.3:  # backpack
         b.add(BOX, (-td - 0.09, 0, shoulder_z - 0.2), (0.09, tw * 0.8, 0.2), reflect=float(rng.uniform(0.1, 0.5)))
     return b.build()
@@ -224,9 +225,15 @@ def build_cyclist(rng: np.random.Generator) -> Primitives:
     wb = float(rng.uniform(0.98, 1.12))
     fx, rx = wb / 2, -wb / 2
     frame = float(rng.uniform(0.15, 0.6))
+    n_seg = 10
+    seg_half = np.pi * rw / n_seg + 0.01
     for x in (fx, rx):
-        b.add(CYLINDER, (x, 0, rw), (rw, rw, 0.02), rot_x(np.pi / 2), reflect=0.06, hit_prob=0.3)  # spokes
+        b.add(CYLINDER, (x, 0, rw), (rw - 0.04, rw - 0.04, 0.015), rot_x(np.pi / 2), reflect=0.3, hit_prob=0.07)  # spokes
         b.add(CYLINDER, (x, 0, rw), (0.05, 0.05, 0.06), rot_x(np.pi / 2), reflect=0.3)  # hub
+        for k in range(n_seg):  # tyre: a ring of short segments (solid, dark rubber)
+            th = 2 * np.pi * (k + 0.5) / n_seg
+            c = (x + (rw - 0.02) * np.cos(th), 0.0, rw + (rw - 0.02) * np.sin(th))
+            b.add(BOX, c, (0.02, 0.018, seg_half), rot_y(-th), reflect=0.05)
     crank = np.array([-0.02, 0.0, rw + 0.0])
     seat = np.array([rx + 0.32, 0.0, rw + float(rng.uniform(0.52, 0.62))])
     head = np.array([fx - 0.16, 0.0, rw + 0.55])
