@@ -344,6 +344,26 @@ def _add_background(b: PrimitiveBuilder, rng, ground: Ground, x_lo: float, x_hi:
                       rot_z(float(rng.normal(0, 0.3))), reflect=float(rng.uniform(0.08, 0.3)))
 
 
+def _add_skyline(b: PrimitiveBuilder, rng, ground: Ground, x0: float, x1: float, y_half: float,
+                 clutter: float) -> None:
+    """Buildings and tree rows across the far end of the view (x0..x1): most real scans see something
+    60-150 m ahead above the horizon rather than open sky."""
+    y = -y_half
+    while y < y_half:
+        w = float(rng.uniform(10, 45))
+        x = float(rng.uniform(x0, x1))
+        if rng.random() < 0.75 * min(clutter, 1.3):
+            if rng.random() < 0.6:
+                h = float(rng.uniform(6, 30))
+                b.add(BOX, (x + 8, y + w / 2, ground.plane(x, y) + h / 2 - 0.5), (8.0, w / 2, h / 2 + 0.5),
+                      rot_z(float(rng.normal(0, 0.15))), reflect=float(rng.uniform(0.08, 0.3)))
+            else:
+                for _ in range(int(w / 6) + 1):
+                    tx, ty = x + rng.normal(0, 3), y + rng.uniform(0, w)
+                    _add_tree(b, rng, tx, ty, ground.plane(tx, ty))
+        y += w + float(rng.uniform(0, 15))
+
+
 def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
     h = float(rng.uniform(3.0, 9.0))
     r = float(rng.uniform(0.04, 0.13))
@@ -531,6 +551,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
                               reflect=0.35, hit_prob=0.5)
             x += w + float(rng.uniform(0, 6))
     _add_background(b, rng, ground, x_lo, x_hi, road_half + max(walk_w) + 3.0, clutter)
+    _add_skyline(b, rng, ground, x_hi, x_hi + 40.0, x_hi * 0.8, clutter)
     # trees and poles along the curbs
     for side, ww in ((-1, walk_w[0]), (1, walk_w[1])):
         x = x_lo + rng.uniform(0, 10)
@@ -674,7 +695,7 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
                   reflect=float(rng.uniform(0.08, 0.3)))
             placer.take(x, y, np.hypot(ln, dp) / 2)
     for _ in range(int(rng.integers(2, 8) * clutter)):  # walls / fences
-        x, y = sample_xy(5, reach)
+        x, y = sample_xy(12, reach)
         yaw = float(rng.uniform(0, np.pi))
         ln, h = rng.uniform(3, 20), rng.uniform(0.6, 2.5)
         if placer.free(x, y, ln / 2):
@@ -682,6 +703,8 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
                   reflect=float(rng.uniform(0.08, 0.35)), hit_prob=1.0 if rng.random() < 0.6 else 0.5)
             placer.take(x, y, ln / 2)
     _add_background(b, rng, ground, 10.0, reach + 40, 15.0, clutter)
+    far = float(rng.uniform(60, 130))
+    _add_skyline(b, rng, ground, far, far + 30.0, far * 1.2, clutter)
     for _ in range(int(rng.integers(5, 25) * clutter)):
         x, y = sample_xy(4, reach)
         if placer.free(x, y, 0.6):
@@ -708,10 +731,13 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
         while n > 0 and tries < 300:
             tries += 1
             parts = BUILDERS[label](rng)
-            x, y = sample_xy(3.0, reach * (1.0 if label == CAR else 0.7))
+            r_min = 5.0 if label == CAR else 3.5
+            x, y = sample_xy(r_min, reach * (1.0 if label == CAR else 0.7))
             if rng.random() < 0.3 and objects:  # groups: near an existing object (occlusion, crowds)
                 ref = objects[int(rng.integers(0, len(objects)))].position
                 x, y = ref[0] + rng.normal(0, 3), ref[1] + rng.normal(0, 3)
+                if np.hypot(x, y) < r_min:
+                    continue
             r = _object_radius(parts)
             if not placer.free(x, y, r):
                 continue
