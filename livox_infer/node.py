@@ -67,10 +67,10 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
               "Change rebuilds."),
     ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
-    ParamSpec("score_threshold_car", 0.4, "Minimum score of a published car.", float_range=(0.0, 1.0)),
-    ParamSpec("score_threshold_pedestrian", 0.35, "Minimum score of a published pedestrian.",
+    ParamSpec("score_threshold_car", 0.3, "Minimum score of a published car.", float_range=(0.0, 1.0)),
+    ParamSpec("score_threshold_pedestrian", 0.25, "Minimum score of a published pedestrian.",
               float_range=(0.0, 1.0)),
-    ParamSpec("score_threshold_cyclist", 0.35, "Minimum score of a published cyclist.", float_range=(0.0, 1.0)),
+    ParamSpec("score_threshold_cyclist", 0.25, "Minimum score of a published cyclist.", float_range=(0.0, 1.0)),
     ParamSpec("roi_x_min", 0.0, "Region of interest, metres in the cloud frame (points outside are dropped).",
               float_range=(-500.0, 500.0)),
     ParamSpec("roi_x_max", 70.0, "Region of interest x max (m).", float_range=(-500.0, 500.0)),
@@ -81,10 +81,10 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("max_range", 100.0, "Drop points farther than this from the sensor (m).", float_range=(0.5, 1000.0)),
     ParamSpec("tag_filter", "high_confidence", f"Livox tag noise filter: one of {TAG_FILTER_MODES}.",
               choices=TAG_FILTER_MODES),
-    ParamSpec("intensity_scale", 1.0 / 255.0, "Multiplier taking raw reflectivity to the model's intensity range.",
-              float_range=(1e-6, 1000.0)),
-    ParamSpec("sensor_height", 1.8, "Sensor height above the ground (m); ignored when estimate_ground is true.",
-              float_range=(-10.0, 20.0)),
+    ParamSpec("intensity_scale", 255.0, "Full-scale intensity of the input (255 for Livox reflectivity, 1.0 for "
+              "clouds already in 0-1); the model sees intensity / intensity_scale.", float_range=(1e-3, 1e6)),
+    ParamSpec("sensor_height", 1.8, "How far the ground lies below the sensor origin (m); ignored when "
+              "estimate_ground is true.", float_range=(0.0, 9.5)),
     ParamSpec("estimate_ground", False, "Estimate the sensor height from each cloud's ground instead of "
               "sensor_height."),
     ParamSpec("frame_id", "", "Output frame_id; empty = copy the input cloud's frame_id."),
@@ -130,7 +130,7 @@ def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
         "max_range": float(values["max_range"]),
         "tag_filter": values["tag_filter"],
         "intensity_scale": float(values["intensity_scale"]),
-        "sensor_height": None if values["estimate_ground"] else float(values["sensor_height"]),
+        "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
     }
 
 
@@ -276,7 +276,15 @@ class DetectorNode(Node):
 
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> None:
+        from rclpy.parameter import Parameter
+
+        overrides = getattr(self, "_parameter_overrides", {})
         for spec in PARAMS:
+            # "-p max_range:=100" or "max_range: 100" in a YAML arrive as INTEGER; ROS would refuse
+            # them for a double parameter, so take the number as the double it obviously means.
+            given = overrides.get(spec.name)
+            if isinstance(spec.default, float) and given is not None and given.type_ == Parameter.Type.INTEGER:
+                overrides[spec.name] = Parameter(spec.name, value=float(given.value))
             desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
             if spec.float_range is not None:
                 desc.floating_point_range = [FloatingPointRange(from_value=float(spec.float_range[0]),
@@ -420,11 +428,13 @@ class DetectorNode(Node):
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
         p = self._pipeline
-        for attr in ("backend", "device"):
-            v = getattr(p, attr, None)
-            if v is not None:
-                return str(v)
-        return str(self._values["device"])
+        backend = getattr(p, "backend", None) or getattr(p, "device", None) or self._values["device"]
+        compiled = getattr(p, "compiled", None)
+        return str(backend) if compiled is None else f"{backend} ({'compiled' if compiled else 'eager'})"
+
+    def _describe_model(self) -> str:
+        cfg = getattr(self._pipeline, "cfg", None)
+        return str(getattr(cfg, "name", None) or self._values["model"])
 
     def diagnostics_status(self):
         snap = self.stats.snapshot()
@@ -436,7 +446,8 @@ class DetectorNode(Node):
             "sensor": self._values["sensor"],
             "input_topic": self._values["input_topic"],
             "backend": self._describe_backend(),
-            "model": str(getattr(self._pipeline, "model_name", self._values["model"])),
+            "model": self._describe_model(),
+            "weights": str(getattr(self._pipeline, "weights_file", None) or self._values["weights"] or "default"),
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
@@ -448,6 +459,9 @@ class DetectorNode(Node):
             values[f"latency_{stage}_p50_ms"] = p50
             values[f"latency_{stage}_p99_ms"] = p99
         values["last_error"] = snap["last_error"]
+        compile_error = getattr(self._pipeline, "compile_error", None)
+        if compile_error:
+            values["compile_error"] = compile_error
         if snap["failed"]:
             level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
         elif snap["rejected"]:
@@ -467,22 +481,27 @@ class DetectorNode(Node):
 
     # ------------------------------------------------------------------ shutdown
     def destroy_node(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._worker.is_alive() and threading.current_thread() is not self._worker:
-            self._worker.join(timeout=30.0)
+        cond, worker = getattr(self, "_cond", None), getattr(self, "_worker", None)  # absent if __init__ failed
+        if cond is not None:
+            with cond:
+                self._stopping = True
+                cond.notify_all()
+        if worker is not None and worker.is_alive() and threading.current_thread() is not worker:
+            worker.join(timeout=30.0)
         super().destroy_node()
 
 
 class _EmptyDetections:
-    import numpy as _np
+    """What an empty cloud yields: no boxes (published so consumers see that nothing is there)."""
 
-    boxes = _np.zeros((0, 7), dtype=_np.float32)
-    labels = _np.zeros(0, dtype=_np.int64)
-    scores = _np.zeros(0, dtype=_np.float32)
-    label_names = CLASS_NAMES
-    timings_ms: dict[str, float] = {}
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.boxes = np.zeros((0, 7), dtype=np.float32)
+        self.labels = np.zeros(0, dtype=np.int64)
+        self.scores = np.zeros(0, dtype=np.float32)
+        self.label_names: list[str] = []
+        self.timings_ms: dict[str, float] = {}
 
 
 def _point_count(msg) -> int | None:
@@ -545,6 +564,7 @@ def ros_arguments(args: argparse.Namespace) -> list[str]:
 def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = None) -> int:
     """Initialise rclpy with ``ros_argv``, run the node until shutdown; exit status 1 on start-up failure."""
     import rclpy
+    from rclpy.exceptions import ParameterException
     from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 
     rclpy.init(args=ros_argv)
@@ -552,7 +572,7 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
     try:
         try:
             node = (node_factory or DetectorNode)()
-        except (LivoxInferError, FileNotFoundError, ValueError, RuntimeError) as exc:
+        except (LivoxInferError, ParameterException, ImportError, OSError, ValueError, RuntimeError) as exc:
             kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)
             return 1

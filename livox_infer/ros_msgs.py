@@ -65,20 +65,15 @@ def quaternion_to_yaw(x: float, y: float, z: float, w: float) -> float:
 def detection_class_names(detections, count: int) -> list[str]:
     """Class name of each of ``count`` detections.
 
-    Prefers ``detections.label_names`` when it names every detection, else maps the integer
-    ``labels`` through ``label_names`` (a class table) or CLASS_NAMES.
+    ``detections.label_names`` holds one name per box (DetectionPipeline's Detections); without
+    it the integer ``labels`` index ``detections.class_names`` or CLASS_NAMES.
     """
+    per_box = getattr(detections, "label_names", None)
+    if per_box is not None and not isinstance(per_box, str) and len(per_box) == count:
+        return [str(n) for n in per_box]
     labels = to_numpy(getattr(detections, "labels", np.zeros(0))).astype(np.int64).reshape(-1)
-    table = getattr(detections, "label_names", None)
-    if table is not None and not isinstance(table, str):
-        table = list(table)
-        if len(labels) != count and len(table) == count:
-            return [str(t) for t in table]
-    names = tuple(table) if table else CLASS_NAMES
-    out = []
-    for lab in labels[:count]:
-        out.append(str(names[lab]) if 0 <= lab < len(names) else f"class_{int(lab)}")
-    return out
+    names = tuple(getattr(detections, "class_names", None) or CLASS_NAMES)
+    return [str(names[lab]) if 0 <= lab < len(names) else f"class_{int(lab)}" for lab in labels[:count]]
 
 
 def box_corners(box: np.ndarray) -> np.ndarray:

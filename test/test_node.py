@@ -235,7 +235,7 @@ def test_valid_parameter_changes_apply_in_place_or_rebuild(ros):
     assert r.successful
     assert first.updates[-1]["roi"][0] == -10.0 and first.updates[-1]["roi"][3] == 50.0
     assert set_param(node, "estimate_ground", True).successful
-    assert first.updates[-1] == {"sensor_height": None}
+    assert first.updates[-1] == {"sensor_height": "auto"}
     assert len(factory.built) == 1  # all in place
     assert set_param(node, "device", "cpu").successful  # needs a rebuild
     assert len(factory.built) == 2 and node.pipeline is factory.built[1]

@@ -27,8 +27,9 @@ class FakeDetections:
     boxes: np.ndarray
     labels: np.ndarray
     scores: np.ndarray
-    label_names: tuple = CLASS_NAMES
+    label_names: list  # one class name per box, as DetectionPipeline's Detections
     timings_ms: dict = field(default_factory=dict)
+    class_names: tuple = CLASS_NAMES
 
 
 class FakePipeline:
@@ -50,10 +51,10 @@ class FakePipeline:
         if self.delay_s:
             time.sleep(self.delay_s)
         if len(cloud) == 0:
-            return FakeDetections(np.zeros((0, 7), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
+            return FakeDetections(np.zeros((0, 7), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32), [])
         c = cloud.points[:, :3].mean(axis=0)
         box = np.array([[c[0], c[1], c[2], 4.0, 1.8, 1.5, 0.5]], dtype=np.float32)
-        return FakeDetections(box, np.array([0]), np.array([0.9], np.float32),
+        return FakeDetections(box, np.array([0]), np.array([0.9], np.float32), ["car"],
                               timings_ms={"decode": (t1 - t0) * 1e3, "network": self.delay_s * 1e3})
 
     def update(self, **options) -> None:

@@ -1,0 +1,127 @@
+"""Every sensor preset YAML loads through ROS's own parameter-file parser and its values reach the
+node and the pipeline; `livox-infer run` starts the node from a preset without ros2 launch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("rclpy")
+pytest.importorskip("vision_msgs.msg")
+
+from livox_infer.node import PARAM_SPECS, SENSOR_PRESETS, DetectorNode, add_arguments, ros_arguments  # noqa: E402
+from test_node_support import FakeFactory, RosHarness, unique  # noqa: E402
+
+pytestmark = pytest.mark.ros
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+
+
+@pytest.fixture
+def ros():
+    h = RosHarness()
+    yield h
+    h.close()
+
+
+def preset_values(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text())
+    return data["/**"]["ros__parameters"]
+
+
+def test_there_is_one_preset_per_sensor():
+    assert sorted(p.stem for p in CONFIG.glob("*.yaml")) == sorted(SENSOR_PRESETS)
+
+
+@pytest.mark.parametrize("sensor", SENSOR_PRESETS)
+def test_preset_yaml_reaches_the_node_and_pipeline(ros, sensor):
+    path = CONFIG / f"{sensor}.yaml"
+    values = preset_values(path)
+    assert values["sensor"] == sensor
+    assert set(values) == set(PARAM_SPECS), "a preset must set every parameter (and nothing unknown)"
+    factory = FakeFactory()
+    node = ros.add(DetectorNode(pipeline_factory=factory, node_name=unique(f"det_{sensor}"), context=ros.context,
+                                cli_args=["--ros-args", "--params-file", str(path)]))
+    for name, value in values.items():
+        assert node.get_parameter(name).value == value, name
+    opts = factory.built[0].options
+    assert opts["roi"] == (values["roi_x_min"], values["roi_y_min"], values["roi_z_min"],
+                           values["roi_x_max"], values["roi_y_max"], values["roi_z_max"])
+    assert opts["score_thresholds"]["car"] == values["score_threshold_car"]
+    assert opts["sensor_height"] == values["sensor_height"]
+    assert opts["model"] == values["model"] and opts["max_range"] == values["max_range"]
+
+
+def test_invalid_preset_values_stop_start_up(ros, tmp_path):
+    bad = preset_values(CONFIG / "avia.yaml")
+    bad["roi_y_min"], bad["roi_y_max"] = 10.0, -10.0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": bad}}))
+    with pytest.raises(ValueError, match="roi_y_min"):
+        DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("bad"), context=ros.context,
+                     cli_args=["--ros-args", "--params-file", str(path)])
+
+
+def run_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_run_builds_ros_arguments_from_the_preset_and_overrides():
+    args = run_args("--sensor", "horizon", "--input-topic", "/points", "--device", "cpu", "--use-compile", "false",
+                    "--ros-args", "-p", "score_threshold_car:=0.5")
+    argv = ros_arguments(args)
+    assert argv[1:4] == ["--ros-args", "--params-file", argv[3]]
+    assert Path(argv[3]).name == "horizon.yaml" and Path(argv[3]).is_file()
+    assert argv[4:] == ["-p", "sensor:=horizon", "-p", "input_topic:=/points", "-p", "device:=cpu",
+                        "-p", "use_compile:=false", "-p", "score_threshold_car:=0.5"]
+
+
+def _run_cli(argv: list[str], wait_for_text: str | None, timeout_s: float = 60.0) -> tuple[int, str]:
+    """Run ``livox-infer run ...``; stop it with SIGINT once ``wait_for_text`` is printed."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.cli", "run", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if wait_for_text and wait_for_text in "".join(lines):
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.1)
+        rc = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=5)
+    return rc, "".join(lines)
+
+
+def test_run_fails_at_start_up_on_missing_weights(tmp_path):
+    pytest.importorskip("livox_infer.pipeline")
+    missing = tmp_path / "missing.safetensors"
+    rc, out = _run_cli(["--sensor", "avia", "--device", "cpu", "--use-compile", "false", "--ros-args",
+                        "-p", f"weights:={missing}", "-p", "input_topic:=/" + unique("nothing")], None)
+    assert rc != 0, out
+    assert "FATAL" in out and "missing.safetensors" in out, out
+
+
+def test_run_starts_the_node_from_a_preset():
+    pytest.importorskip("livox_infer.pipeline")
+    rc, out = _run_cli(["--sensor", "mid70", "--device", "cpu", "--use-compile", "false",
+                        "--ros-args", "-p", "input_topic:=/" + unique("nothing")], "detecting on")
+    assert "detecting on" in out and "mid70" in out, out
+    assert rc == 0, out
