@@ -178,7 +178,7 @@ SENSORS: dict[str, SensorModel] = {
     "tele15": SensorModel(
         name="tele15", point_rate=240_000, n_lines=1, fov_shape="rect", fov_h_deg=14.5, fov_v_deg=16.2,
         pattern="rosette", range_min=1.0, range_at_10pct=320.0, range_at_80pct=500.0,
-        prism_hz=(10412 / 60, -6935 / 60), half_axes_deg=(7.2, 8.05), beam_divergence_deg=0.12,
+        prism_hz=(213.7, -190.9), half_axes_deg=(7.2, 8.05), beam_divergence_deg=0.12,
     ),
     "horizon": SensorModel(
         name="horizon", point_rate=240_000, n_lines=6, fov_shape="rect", fov_h_deg=81.7, fov_v_deg=25.1,
