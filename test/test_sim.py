@@ -178,6 +178,12 @@ def test_bad_options_raise_config_error():
         make_scene(0, "street", n_cars=-2)
     with pytest.raises(ConfigError):
         simulate_drive("avia", n_frames=0)
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", seed=-1)
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", frame_index=1.5)
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", period=0.0)
 
 
 @pytest.mark.parametrize("layout,storage", [("livox", "sqlite3"), ("custom", "mcap")])

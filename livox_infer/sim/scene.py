@@ -483,6 +483,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     ``moving``: give traffic, pedestrians and cyclists velocities (used by simulate_drive);
     ``ego_speed``: speed of the traffic ahead in the ego lane (so a drive does not run into it).
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     if mode not in SCENE_MODES:
         raise ConfigError(f"unknown scene mode {mode!r}; choose one of {SCENE_MODES}")
     if clutter < 0 or length <= 0:
@@ -512,7 +514,9 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     walk_w = [float(rng.uniform(2.0, 5.0)), float(rng.uniform(2.0, 5.0))]  # right (-y), left (+y)
     # cross streets: x-intervals without buildings
     cross = []
-    xs = rng.uniform(15, x_hi, int(rng.integers(0, 3)))
+    xs = list(rng.uniform(15, x_hi, int(rng.integers(0, 3))))
+    if rng.random() < 0.6:  # an intersection close ahead opens the view sideways (as in the real scans)
+        xs.append(float(rng.uniform(12, 45)))
     for xc in xs:
         cross.append((xc - rng.uniform(5, 9), xc + rng.uniform(5, 9)))
 

@@ -96,8 +96,9 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     max_box_range (m, 200: objects further away get no box).
     """
     sensor_model = get_sensor(sensor)
-    if int(frame_index) < 0:
-        raise ConfigError("frame_index must be >= 0")
+    for name, v in (("seed", seed), ("frame_index", frame_index)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
     scene_kw, kw = _split_options(options)
     scn = _resolve_scene(scene, seed, scene_kw)
     period = float(kw.get("period", 0.1))
