@@ -4,8 +4,8 @@
     ros2 launch livox_infer detect.launch.py sensor:=horizon input_topic:=/points device:=cpu use_compile:=false
     ros2 launch livox_infer detect.launch.py params_file:=/path/to/my.yaml
 
-The preset YAML (config/<sensor>.yaml) gives every parameter; input_topic, device and use_compile
-override it only when given (empty = keep the YAML's value).
+The preset YAML (config/<sensor>.yaml, or params_file) gives every parameter, including `sensor`;
+input_topic, device and use_compile override it only when given (empty = keep the YAML's value).
 """
 
 import os
@@ -37,7 +37,8 @@ def _node(context, *args, **kwargs):
         _share_dir(), "config", f"{sensor}.yaml")
     if not os.path.isfile(params_file):
         raise RuntimeError(f"params_file not found: {params_file}")
-    overrides = {"sensor": sensor}
+    # The YAML names its own sensor; the sensor argument only picks the default YAML.
+    overrides = {}
     for name in ("input_topic", "device"):
         value = LaunchConfiguration(name).perform(context)
         if value:
@@ -54,7 +55,7 @@ def _node(context, *args, **kwargs):
             name=LaunchConfiguration("node_name").perform(context),
             output="screen",
             emulate_tty=True,
-            parameters=[params_file, overrides],
+            parameters=[params_file, overrides] if overrides else [params_file],
         )
     ]
 

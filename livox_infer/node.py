@@ -516,9 +516,10 @@ def _point_count(msg) -> int | None:
 
 # ---------------------------------------------------------------------- entry points
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sensor", default="avia", choices=SENSOR_PRESETS, help="sensor preset (default avia)")
+    parser.add_argument("--sensor", default="avia", choices=SENSOR_PRESETS,
+                        help="sensor preset: loads config/<sensor>.yaml (default avia)")
     parser.add_argument("--params-file", default=None,
-                        help="ROS 2 parameter YAML (default: the package's config/<sensor>.yaml)")
+                        help="ROS 2 parameter YAML instead of the preset (its own 'sensor' applies)")
     parser.add_argument("--input-topic", default=None, help="override input_topic")
     parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
     parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
@@ -545,8 +546,9 @@ def params_file_for(sensor: str) -> str:
 
 def ros_arguments(args: argparse.Namespace) -> list[str]:
     """``livox-infer run`` options → the ROS argument list the node is initialised with."""
+    # --sensor picks the preset YAML; an explicit --params-file names its own sensor.
     params_file = args.params_file or params_file_for(args.sensor)
-    out = ["livox-infer-run", "--ros-args", "--params-file", params_file, "-p", f"sensor:={args.sensor}"]
+    out = ["livox-infer-run", "--ros-args", "--params-file", params_file]
     if args.input_topic:
         out += ["-p", f"input_topic:={args.input_topic}"]
     if args.device:

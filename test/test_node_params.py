@@ -82,7 +82,7 @@ def test_run_builds_ros_arguments_from_the_preset_and_overrides():
     argv = ros_arguments(args)
     assert argv[1:4] == ["--ros-args", "--params-file", argv[3]]
     assert Path(argv[3]).name == "horizon.yaml" and Path(argv[3]).is_file()
-    assert argv[4:] == ["-p", "sensor:=horizon", "-p", "input_topic:=/points", "-p", "device:=cpu",
+    assert argv[4:] == ["-p", "input_topic:=/points", "-p", "device:=cpu",
                         "-p", "use_compile:=false", "-p", "score_threshold_car:=0.5"]
 
 
