@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
 export LIVOX_INFER_VENV := $(abspath $(VENV))
 
-.PHONY: setup test demo bench freeze vision-msgs clean-build
+.PHONY: setup test demo bench freeze interfaces clean-build
 
 setup:
 	bash scripts/setup.sh
@@ -22,9 +22,9 @@ bench: setup
 	$(PY) -m livox_infer.cli bench voxelize
 	$(PY) -m livox_infer.cli bench pipeline
 
-# Rebuild only the vision_msgs interface package.
-vision-msgs:
-	FORCE=1 bash scripts/build_vision_msgs.sh $(VENV)
+# Rebuild only the interface packages (vision_msgs, livox_ros_driver2).
+interfaces:
+	FORCE=1 bash scripts/build_interfaces.sh $(VENV)
 
 # Print the current venv's pins (compare with requirements*.txt after a deliberate upgrade).
 freeze:

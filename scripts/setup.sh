@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up livox_infer in a Python venv (`make setup`): system packages, .venv with the pinned
 # requirements (CPU torch, Triton, ROS 2 Kilted wheels), this package (editable) with the ROS
-# install layout, and the vision_msgs interface package.  Idempotent: each step is skipped when its
+# install layout, and the vision_msgs / livox_ros_driver2 interface packages.  Idempotent: each step is skipped when its
 # stamp or check says it is done, so a second run takes seconds.
 #
 # Environment:
@@ -111,16 +111,18 @@ link_ros_layout() {
     install -m 0755 resource/detector_node "$VENV/lib/livox_infer/detector_node"
 }
 
-# ---------------------------------------------------------------- 5. vision_msgs
+# ---------------------------------------------------------------- 5. interface packages
+# vision_msgs (the node's output) and livox_ros_driver2 (CustomMsg input) are not published as wheels.
 build_interfaces() {
-    bash "$REPO_ROOT/scripts/build_vision_msgs.sh" "$VENV"
+    bash "$REPO_ROOT/scripts/build_interfaces.sh" "$VENV" vision_msgs livox_ros_driver2
 }
 
 check_environment() {
     "$VENV/bin/python" - <<'EOF' || die "the venv does not import what livox_infer needs (see above)"
 import importlib
 for name in ("torch", "triton", "numpy", "rosbags", "safetensors", "yaml", "rclpy", "sensor_msgs.msg",
-             "visualization_msgs.msg", "diagnostic_msgs.msg", "vision_msgs.msg", "livox_infer"):
+             "visualization_msgs.msg", "diagnostic_msgs.msg", "vision_msgs.msg", "livox_ros_driver2.msg",
+             "livox_infer"):
     importlib.import_module(name)
 EOF
 }

@@ -1,6 +1,6 @@
 """Packaging: the pip/venv install layout that `ros2 run`/`ros2 launch` and ament_index_python rely on,
-the locally built vision_msgs (type hashes equal to the real vision_msgs 4.x), package.xml, the pinned
-requirements, and the CI wrapper."""
+the locally built interface packages (vision_msgs, livox_ros_driver2: type hashes equal to upstream's),
+package.xml, the pinned requirements, and the CI wrapper."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ VISION_MSGS_TYPE_HASHES = {
     "BoundingBox3D": "RIHS01_bbb73a65c163d7f9bb29009c7bde9f7faa576bd2d23299c4511d19230dab4698",
     "Detection3D": "RIHS01_ddd703be132ab0b69d33121f1bb034132bfbb3b0ac5f9fb1516005ba1c8a265b",
     "Detection3DArray": "RIHS01_793f5eab9595ac1c0da07873cc859db42eae51f0ee76056db8562515d830e018",
+}
+
+# livox_ros_driver2 CustomMsg/CustomPoint (Livox-SDK/livox_ros_driver2, msg/*.msg), computed the same way.
+LIVOX_DRIVER_TYPE_HASHES = {
+    "CustomPoint": "RIHS01_3289ac5e30c215e055e9b48fe0df5c2fb916abbb0c3a75315071bb7d735067f5",
+    "CustomMsg": "RIHS01_2eb17e5e35bf5a2d6cd079f3c57f33abf95e5bf7d71b42cddc05daace73d815a",
 }
 
 REQUIRED_EXEC_DEPENDS = {
@@ -214,10 +220,24 @@ def test_setup_script_is_idempotent_and_fast():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[setup] ready" in proc.stdout
     # Nothing to do: no pip install, no vision_msgs rebuild.
-    assert "pip install" not in proc.stdout and "building vision_msgs" not in proc.stdout, proc.stdout
+    assert "pip install" not in proc.stdout and "[build_interfaces] building" not in proc.stdout, proc.stdout
 
 
 # ------------------------------------------------------------------ vision_msgs
+def test_livox_custom_msg_definitions_match_the_driver():
+    expected = {
+        "CustomPoint": ["uint32 offset_time", "float32 x", "float32 y", "float32 z", "uint8 reflectivity",
+                        "uint8 tag", "uint8 line"],
+        "CustomMsg": ["std_msgs/Header header", "uint64 timebase", "uint32 point_num", "uint8 lidar_id",
+                      "uint8[3] rsvd", "CustomPoint[] points"],
+    }
+    for package in ("livox_ros_driver2", "livox_interfaces"):
+        for name, fields in expected.items():
+            text = (REPO / "livox_infer" / "interfaces" / package / "msg" / f"{name}.msg").read_text()
+            lines = [" ".join(line.split("#")[0].split()) for line in text.splitlines()]
+            assert [line for line in lines if line] == fields, f"{package}/{name}"
+
+
 def test_vision_msgs_definitions_match_vision_msgs_4():
     """The shipped .msg files carry exactly the vision_msgs 4.x fields (comments aside)."""
     expected = {
@@ -235,21 +255,24 @@ def test_vision_msgs_definitions_match_vision_msgs_4():
 
 
 @pytest.mark.ros
-def test_vision_msgs_types_carry_the_upstream_type_hashes():
-    """What a publisher advertises on the graph is what real vision_msgs subscribers check."""
+@pytest.mark.parametrize("package, hashes", [("vision_msgs", VISION_MSGS_TYPE_HASHES),
+                                             ("livox_ros_driver2", LIVOX_DRIVER_TYPE_HASHES)])
+def test_interface_types_carry_the_upstream_type_hashes(package: str, hashes: dict[str, str]):
+    """What a publisher advertises on the graph is what real subscribers of these types check."""
     rclpy = pytest.importorskip("rclpy")
-    import vision_msgs.msg
+    import importlib
 
+    messages = importlib.import_module(f"{package}.msg")
     context = rclpy.Context()
     rclpy.init(context=context)
     try:
         node = rclpy.create_node("packaging_type_hash_check", context=context)
         try:
-            for name, expected in VISION_MSGS_TYPE_HASHES.items():
-                topic = f"/packaging_check/{name.lower()}"
-                node.create_publisher(getattr(vision_msgs.msg, name), topic, 1)
+            for name, expected in hashes.items():
+                topic = f"/packaging_check/{package}/{name.lower()}"
+                node.create_publisher(getattr(messages, name), topic, 1)
                 (info,) = node.get_publishers_info_by_topic(topic)
-                assert info.topic_type == f"vision_msgs/msg/{name}"
+                assert info.topic_type == f"{package}/msg/{name}"
                 assert str(info.topic_type_hash) == expected, name
         finally:
             node.destroy_node()
