@@ -42,7 +42,7 @@ LIVOX_DRIVER_TYPE_HASHES = {
 REQUIRED_EXEC_DEPENDS = {
     "rclpy", "sensor_msgs", "std_msgs", "geometry_msgs", "visualization_msgs", "vision_msgs",
     "diagnostic_msgs", "builtin_interfaces", "rcl_interfaces", "ament_index_python",
-    "launch", "launch_ros", "python3-numpy", "python3-yaml",
+    "launch", "launch_ros", "python3-numpy", "python3-yaml", "python3-tqdm",
 }
 
 
