@@ -13,15 +13,26 @@ import torch
 from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_FIXED_CHANNELS, GridConfig
 
 
+# Up to this many points the per-column constants are pre-tiled (5 x 16 bytes per row of memory).
+TILED_ROWS_MAX = 1 << 17
+
+
 class ReferenceConstants:
-    """The grid's constants as 0-dim float32 / int tensors on one device (built once per grid)."""
+    """The grid's constants as float32 / int tensors on one device (built once per grid)."""
 
     def __init__(self, grid: GridConfig, device: torch.device | str = "cpu") -> None:
         k = grid.kernel_constants()
         t = lambda v: torch.tensor(v, dtype=torch.float32, device=device)  # noqa: E731
         self.grid = grid
-        self.x_min, self.y_min, self.z_min = t(k["x_min"]), t(k["y_min"]), t(k["z_min"])
-        self.inv_cell, self.inv_z_quantum = t(k["inv_cell"]), t(k["inv_z_quantum"])
+        # Per-column constants for the (N, 4) [x, y, z, intensity] rows: origin, scale to cells /
+        # z levels / intensity levels, clamp range, and the exclusive upper bounds of the valid range.
+        self.origin = t([k["x_min"], k["y_min"], k["z_min"], 0.0])
+        self.scale = t([k["inv_cell"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"]])
+        self.clamp_low = t([-1.0, -1.0, -1.0, 0.0])
+        self.clamp_high = t([k["width"], k["height"], k["z_levels"], INTENSITY_LEVELS])
+        self.upper = t([k["width"], k["height"], k["z_levels"], INTENSITY_LEVELS + 1])
+        self._tiled: dict[str, torch.Tensor] = {}
+        self._ones: dict[torch.dtype, torch.Tensor] = {}
         self.intensity_mult = t(k["intensity_mult"])
         self.inv_z_levels, self.inv_intensity_levels = t(k["inv_z_levels"]), t(k["inv_intensity_levels"])
         self.width, self.height, self.z_levels = k["width"], k["height"], k["z_levels"]
@@ -29,30 +40,46 @@ class ReferenceConstants:
         self.count_saturation = k["count_saturation"]
         self.count_lut = torch.from_numpy(grid.count_lut()).to(device)
         self.slice_bits = torch.arange(grid.n_height_slices, dtype=torch.int32, device=device)
+        # z level -> flat offset of its slice channel in the (C * n_cells) output.
+        slice_of_level = torch.arange(grid.z_levels, dtype=torch.int64, device=device) // grid.levels_per_slice
+        self.slice_channel_offset = (N_FIXED_CHANNELS + slice_of_level) * grid.n_cells
+
+    def tiled(self, n: int) -> dict[str, torch.Tensor]:
+        """The per-column constants repeated for n rows, flat (4n,): same-shape flat operands keep
+        torch's CPU kernels vectorised; broadcasting a (4,) row over (N, 4) does not."""
+        if n > TILED_ROWS_MAX:  # memory for the tiles would outgrow the gain: plain broadcasting
+            return {name: getattr(self, name) for name in ("origin", "scale", "clamp_low", "clamp_high", "upper")}
+        if not self._tiled or self._tiled["origin"].numel() < 4 * n:
+            rows = min(TILED_ROWS_MAX, max(n, 1024, 2 * (self._tiled["origin"].numel() // 4 if self._tiled else 0)))
+            self._tiled = {name: getattr(self, name).repeat(rows)
+                           for name in ("origin", "scale", "clamp_low", "clamp_high", "upper")}
+        return {name: t[: 4 * n] for name, t in self._tiled.items()}
+
+    def ones(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A (n,) tensor of ones (cached; do not write to it)."""
+        cached = self._ones.get(dtype)
+        if cached is None or cached.shape[0] < n:
+            cached = self._ones[dtype] = torch.ones(max(n, 1024), dtype=dtype, device=self.count_lut.device)
+        return cached[:n]
 
 
 def quantize_points(points: torch.Tensor, c: ReferenceConstants):
     """Per point: flat cell index (int64; n_cells when the point is out of range or NaN),
-    z level, intensity level and height slice (int32). Mirrors kernel 1 op for op."""
-    x, y, z, intensity = points.unbind(1)
-    fx = (x - c.x_min) * c.inv_cell
-    fy = (y - c.y_min) * c.inv_cell
-    fz = (z - c.z_min) * c.inv_z_quantum
-    # Comparisons are False for NaN, so NaN coordinates are out of range; +-inf fail them too.
-    valid = (fx >= 0) & (fx < c.width) & (fy >= 0) & (fy < c.height) & (fz >= 0) & (fz < c.z_levels)
-    valid &= intensity == intensity
-    # Zero before the float->int casts so far-away points never wrap into the grid.
-    zero = torch.zeros((), dtype=torch.float32, device=points.device)
-    ix = torch.floor(torch.where(valid, fx, zero)).to(torch.int32)
-    iy = torch.floor(torch.where(valid, fy, zero)).to(torch.int32)
-    zq = torch.floor(torch.where(valid, fz, zero)).to(torch.int32)
-    fi = torch.where(valid, intensity * c.intensity_mult, zero)
-    fi = torch.where(fi > INTENSITY_LEVELS, torch.full_like(fi, INTENSITY_LEVELS), fi)
-    fi = torch.where(fi < 0, zero, fi)
-    iq = torch.floor(fi).to(torch.int32)
-    n_cells = c.width * c.height
-    cell = torch.where(valid, iy * c.width + ix, n_cells).to(torch.int64)
-    return cell, zq, iq, zq // c.levels_per_slice
+    z level and intensity level (int64, 0 for invalid points), and the validity mask.
+
+    Same float32 sub / mul / compare / floor as kernel 1, done on whole (N, 4) rows (contiguous,
+    so vectorised). The clamp to [-1, limit] changes no in-range value but keeps every float->int
+    cast in range; for intensity it is the kernel's clamp to [0, 65535]. NaN survives the clamp and
+    fails the range test, as in the kernel."""
+    n = points.shape[0]
+    k = c.tiled(n)
+    rows = points.reshape(-1) if k["origin"].shape[0] == 4 * n else points  # flat with tiles, else (N, 4)
+    scaled = (rows - k["origin"]).mul_(k["scale"]).clamp_(k["clamp_low"], k["clamp_high"])
+    in_range = (scaled >= 0) & (scaled < k["upper"])  # (4N,) or (N, 4) bool
+    valid = (in_range.view(torch.int32) == 0x01010101).view(n)  # all four bytes of a row True
+    q = scaled.nan_to_num_(0.0).floor_().to(torch.int64).view(n, 4).mul_(valid.unsqueeze(1))
+    cell = torch.where(valid, q[:, 1] * c.width + q[:, 0], c.width * c.height)
+    return cell, q[:, 2], q[:, 3], valid
 
 
 def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceConstants | None = None):
@@ -60,18 +87,20 @@ def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceCon
     count, z_max, z_min, occupancy (int32; z_max/z_min INT32_MIN/INT32_MAX where empty,
     occupancy a bitmask of height slices) and z_sum, intensity_sum (int64)."""
     c = c or ReferenceConstants(grid, points.device)
-    cell, zq, iq, zslice = quantize_points(points, c)
+    cell, zq64, iq, _ = quantize_points(points, c)
+    zq = zq64.to(torch.int32)
+    zslice = zq64 // c.levels_per_slice
     n1 = grid.n_cells + 1  # + trash cell for invalid points
     dev = points.device
     count = torch.zeros(n1, dtype=torch.int32, device=dev).index_add_(0, cell, torch.ones_like(zq))
     z_max = torch.full((n1,), INT32_MIN, dtype=torch.int32, device=dev).scatter_reduce_(0, cell, zq, "amax")
     z_min = torch.full((n1,), INT32_MAX, dtype=torch.int32, device=dev).scatter_reduce_(0, cell, zq, "amin")
-    z_sum = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, zq.to(torch.int64))
-    i_sum = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, iq.to(torch.int64))
+    z_sum = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, zq64)
+    i_sum = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, iq)
     # OR of one bit per slice == which (cell, slice) pairs occur; mark them, then pack the bits.
     s = grid.n_height_slices
     seen = torch.zeros(n1 * s, dtype=torch.int32, device=dev)
-    seen.index_fill_(0, cell * s + zslice.to(torch.int64), 1)
+    seen.index_fill_(0, cell * s + zslice, 1)
     occupancy = (seen.view(n1, s) << c.slice_bits).sum(1, dtype=torch.int32)
     k = grid.n_cells
     return {
@@ -115,13 +144,13 @@ REFERENCE_STATE_IDENTITIES = {
 
 
 def new_reference_state(grid: GridConfig, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Per-cell accumulators of the fast CPU path (+ one trash cell for invalid points), reset.
-    `voxelize_reference` leaves them reset again, so a caller can keep them across frames and
-    skip allocating (and page-faulting in) megabytes per frame."""
-    n1 = grid.n_cells + 1
-    i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
+    """Per-cell int64 accumulators of the fast CPU path (+ one trash cell for invalid points),
+    reset. `voxelize_reference` leaves them reset again, so a caller can keep them across frames
+    and skip allocating (and page-faulting in) them per frame. (int64 throughout: the index and
+    value dtype of torch's scatter ops, so no conversions per frame; the values equal the
+    kernel's int32 ones.)"""
     return {
-        name: torch.full((n1,), identity, **(i64 if name in ("z_sum", "intensity_sum") else i32))
+        name: torch.full((grid.n_cells + 1,), identity, dtype=torch.int64, device=device)
         for name, identity in REFERENCE_STATE_IDENTITIES.items()
     }
 
@@ -141,39 +170,52 @@ def voxelize_reference(
     when given."""
     c = constants or ReferenceConstants(grid, points.device)
     s = state if state is not None else new_reference_state(grid, points.device)
-    cell, zq, iq, zslice = quantize_points(points, c)
-    n_cells, dev = grid.n_cells, points.device
-    s["count"].scatter_add_(0, cell, torch.ones_like(zq))
+    n_points, n_cells, dev = points.shape[0], grid.n_cells, points.device
+    cell, zq, iq, valid = quantize_points(points, c)
+    s["count"].scatter_add_(0, cell, c.ones(n_points, torch.int64))
     s["z_max"].scatter_reduce_(0, cell, zq, "amax")
     s["z_min"].scatter_reduce_(0, cell, zq, "amin")
-    s["z_sum"].scatter_add_(0, cell, zq.to(torch.int64))
-    s["intensity_sum"].scatter_add_(0, cell, iq.to(torch.int64))
-    # One representative point per occupied cell (the last one): finds the occupied cells
-    # without scanning the whole grid.
-    point_index = torch.arange(points.shape[0], dtype=torch.int32, device=dev)
-    s["last_point"].scatter_reduce_(0, cell, point_index, "amax")
-    is_last = (s["last_point"].gather(0, cell) == point_index) & (cell < n_cells)
-    cells = cell[torch.nonzero(is_last).squeeze(1)]
+    s["z_sum"].scatter_add_(0, cell, zq)
+    s["intensity_sum"].scatter_add_(0, cell, iq)
+    if n_cells <= 2 * n_points:  # small grid: scanning it is cheaper than the trick below
+        cells = torch.nonzero(s["count"][:n_cells]).squeeze(1)
+    else:  # one representative point per occupied cell (the last one), no scan of the grid
+        point_index = torch.arange(n_points, dtype=torch.int64, device=dev)
+        s["last_point"].scatter_reduce_(0, cell, point_index, "amax")
+        is_last = (s["last_point"].gather(0, cell) == point_index) & valid
+        cells = cell[torch.nonzero(is_last).squeeze(1)]
+        s["last_point"].index_fill_(0, cells, -1)
+        s["last_point"][n_cells:].fill_(-1)
 
     n = s["count"].index_select(0, cells)
-    ch_count = c.count_lut[torch.clamp(n, max=c.count_saturation).to(torch.int64)]
-    ch_zmax = s["z_max"].index_select(0, cells).to(torch.float32) * c.inv_z_levels
-    ch_zmin = s["z_min"].index_select(0, cells).to(torch.float32) * c.inv_z_levels
-    n64 = n.to(torch.int64)
-    z_mean_q = torch.div(2 * s["z_sum"].index_select(0, cells) + n64, 2 * n64, rounding_mode="floor")
-    i_mean_q = torch.div(2 * s["intensity_sum"].index_select(0, cells) + n64, 2 * n64, rounding_mode="floor")
-    ch_zmean = z_mean_q.to(torch.float32) * c.inv_z_levels
-    ch_int = i_mean_q.to(torch.float32) * c.inv_intensity_levels
+    two_n = 2 * n
+
+    def rounded_mean(sums: torch.Tensor) -> torch.Tensor:  # floor((2*sum + n) / (2*n)), as kernel 2
+        return sums.index_select(0, cells).mul_(2).add_(n).div_(two_n, rounding_mode="floor")
+
+    channels = (
+        c.count_lut.index_select(0, n.clamp(max=c.count_saturation)),
+        s["z_max"].index_select(0, cells).to(torch.float32).mul_(c.inv_z_levels),
+        s["z_min"].index_select(0, cells).to(torch.float32).mul_(c.inv_z_levels),
+        rounded_mean(s["z_sum"]).to(torch.float32).mul_(c.inv_z_levels),
+        rounded_mean(s["intensity_sum"]).to(torch.float32).mul_(c.inv_intensity_levels),
+    )
 
     # Flat output with one trailing trash element that invalid points write their slice to.
     n_out = grid.n_channels * n_cells
     out = torch.zeros(n_out + 1, dtype=torch.float32, device=dev)
-    slice_index = torch.where(cell < n_cells, (N_FIXED_CHANNELS + zslice).to(torch.int64) * n_cells + cell, n_out)
-    out.scatter_(0, slice_index, torch.ones_like(points[:, 0]))
+    slice_index = torch.where(valid, c.slice_channel_offset.index_select(0, zq).add_(cell), n_out)
+    out.scatter_(0, slice_index, c.ones(n_points, torch.float32))
     out2d = out[:n_out].view(grid.n_channels, n_cells)
-    out2d[:N_FIXED_CHANNELS].index_copy_(1, cells, torch.stack([ch_count, ch_zmax, ch_zmin, ch_zmean, ch_int]))
+    for k, values in enumerate(channels):
+        out2d[k].index_copy_(0, cells, values)
 
-    for name, identity in REFERENCE_STATE_IDENTITIES.items():
-        s[name].index_fill_(0, cells, identity)
-        s[name][n_cells:].fill_(identity)  # the trash cell
+    dense_reset = 4 * cells.shape[0] >= n_cells  # many cells touched: a memset beats scattered writes
+    for name in ("count", "z_max", "z_min", "z_sum", "intensity_sum"):
+        identity = REFERENCE_STATE_IDENTITIES[name]
+        if dense_reset:
+            s[name].fill_(identity)
+        else:
+            s[name].index_fill_(0, cells, identity)
+            s[name][n_cells:].fill_(identity)  # the trash cell
     return out2d.view(grid.shape)
