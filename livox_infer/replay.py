@@ -201,6 +201,110 @@ def replay_topics(bag: str | os.PathLike, **kwargs: Any) -> ReplayStats:
         rclpy.try_shutdown()
 
 
+# ---------------------------------------------------------------------- soak benchmark
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str = "avia", device: str = "cpu",
+             use_compile: str = "false", remap: dict[str, str] | None = None, sample_s: float = 10.0) -> int:
+    """Start the node as a subprocess (``livox-infer run``), replay ``bag`` looped for ``minutes``, and
+    print RSS over time, received/processed/dropped frames and latency percentiles. Not a test."""
+    import numpy as np
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from vision_msgs.msg import Detection3DArray
+
+    if not bag:
+        print("livox-infer replay --soak: a bag is required (e.g. from `livox-infer simulate`)", file=sys.stderr)
+        return 2
+    topic = (remap or {}).get("/livox/lidar", "/livox/lidar")
+    cmd = [sys.executable, "-m", "livox_infer.cli", "run", "--sensor", sensor, "--device", device,
+           "--use-compile", use_compile, "--input-topic", topic]
+    node_proc = subprocess.Popen(cmd)
+    rclpy.init()
+    node = rclpy.create_node("livox_soak")
+    sent_at: dict[int, float] = {}  # cloud stamp -> wall time of its latest publish
+    latencies_ms: list[float] = []
+    last_diag: dict[str, str] = {}
+
+    def on_publish(out_topic: str, _t: int, raw: bytes) -> None:
+        if out_topic == topic:
+            from livox_infer.pointcloud import pointcloud2_from_cdr
+
+            stamp = pointcloud2_from_cdr(raw).header.stamp
+            sent_at[int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)] = time.monotonic()
+
+    def on_detections(msg) -> None:
+        t = sent_at.get(int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec))
+        if t is not None:
+            latencies_ms.append((time.monotonic() - t) * 1e3)
+
+    def on_diag(msg) -> None:
+        for st in msg.status:
+            if "livox_infer detector" in st.name:
+                last_diag.clear()
+                last_diag.update({kv.key: kv.value for kv in st.values})
+
+    node.create_subscription(Detection3DArray, "/livox_detector/detections", on_detections, 10)
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    replayer = BagReplayer(node, bag, rate=rate, loop=True, remap=remap, topics=["/livox/lidar"],
+                           on_publish=on_publish)
+    stop = threading.Event()
+    spin = threading.Thread(target=lambda: _spin_until(node, stop), daemon=True)
+    spin.start()
+    rows = []
+    try:
+        if not replayer.wait_for_subscribers(topic, timeout_s=120.0):
+            print("the node did not subscribe within 120 s", file=sys.stderr)
+            return 1
+        play = threading.Thread(target=replayer.run, args=(stop,), daemon=True)
+        t0 = time.monotonic()
+        play.start()
+        print(f"soak: {minutes} min, bag {bag} looped at x{rate}, node pid {node_proc.pid}")
+        print(f"{'t_s':>6} {'rss_mb':>8} {'received':>9} {'processed':>9} {'dropped':>8} {'e2e_p50':>8} {'e2e_p99':>8}")
+        while time.monotonic() - t0 < minutes * 60.0 and node_proc.poll() is None:
+            stop.wait(sample_s)
+            lat = np.asarray(latencies_ms[-200:]) if latencies_ms else np.asarray([np.nan])
+            row = (time.monotonic() - t0, _rss_mb(node_proc.pid), last_diag.get("frames_received", "?"),
+                   last_diag.get("frames_processed", "?"), last_diag.get("frames_dropped", "?"),
+                   float(np.percentile(lat, 50)), float(np.percentile(lat, 99)))
+            rows.append(row)
+            print(f"{row[0]:6.0f} {row[1]:8.1f} {row[2]:>9} {row[3]:>9} {row[4]:>8} {row[5]:8.1f} {row[6]:8.1f}",
+                  flush=True)
+    finally:
+        stop.set()
+        node_proc.send_signal(2)  # SIGINT: the node shuts down cleanly
+        try:
+            node_proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            node_proc.kill()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    if not rows:
+        return 1
+    lat = np.asarray(latencies_ms) if latencies_ms else np.asarray([np.nan])
+    rss = [r[1] for r in rows]
+    print(f"\nclouds published {replayer.stats.published.get(topic, 0)}, detections received {len(latencies_ms)}")
+    print(f"RSS first/last/max: {rss[0]:.1f} / {rss[-1]:.1f} / {max(rss):.1f} MB")
+    print(f"end-to-end latency ms (publish -> detections): p50 {np.percentile(lat, 50):.1f}  "
+          f"p90 {np.percentile(lat, 90):.1f}  p99 {np.percentile(lat, 99):.1f}  max {lat.max():.1f}")
+    for key in sorted(k for k in last_diag if k.startswith("latency_") or k.startswith("frames_")):
+        print(f"  {key}: {last_diag[key]}")
+    return 0
+
+
+def _spin_until(node, stop: threading.Event) -> None:
+    import rclpy
+
+    while not stop.is_set() and rclpy.ok():
+        rclpy.spin_once(node, timeout_sec=0.1)
+
+
 # ---------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bag", nargs="?", help="rosbag2 directory (sqlite3 or mcap)")
@@ -219,10 +323,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         remap = parse_remaps(args.remap)
         if args.soak is not None:
-            from livox_infer.soak import run_soak
-
             return run_soak(args.bag, minutes=args.soak, rate=args.rate, sensor=args.sensor, device=args.device,
-                            use_compile=args.use_compile)
+                            use_compile=args.use_compile, remap=remap)
         if not args.bag:
             print("livox-infer replay: a bag is required", file=sys.stderr)
             return 2
