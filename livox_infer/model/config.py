@@ -56,6 +56,8 @@ class ModelConfig:
     grid: GridConfig
     classes: tuple[str, ...] = CLASS_NAMES
     stem_channels: int = 16
+    stem_stride: int = 1
+    stem_blocks: int = 1
     stage_channels: tuple[int, ...] = (32, 64, 128)
     stage_blocks: tuple[int, ...] = (2, 2, 2)
     neck_channels: int = 32
@@ -92,6 +94,8 @@ class ModelConfig:
             "classes": list(self.classes),
             "grid": self.grid.to_dict(),
             "stem_channels": self.stem_channels,
+            "stem_stride": self.stem_stride,
+            "stem_blocks": self.stem_blocks,
             "stage_channels": list(self.stage_channels),
             "stage_blocks": list(self.stage_blocks),
             "neck_channels": self.neck_channels,
@@ -125,7 +129,7 @@ class ModelConfig:
         hd = d.get("head", {}) or {}
         nms = d.get("nms", {}) or {}
         for sec, keys in (
-            (bb, {"stem_channels", "stage_channels", "stage_blocks", "neck_channels"}),
+            (bb, {"stem_channels", "stem_stride", "stem_blocks", "stage_channels", "stage_blocks", "neck_channels"}),
             (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k"}),
             (nms, {"iou_threshold", "max_detections"}),
         ):
@@ -139,9 +143,14 @@ class ModelConfig:
         (neck,) = _positive_ints([bb.get("neck_channels", 32)], "backbone.neck_channels")
         (head_ch,) = _positive_ints([hd.get("head_channels", 32)], "head.head_channels")
         (out_stride,) = _positive_ints([hd.get("out_stride", 2)], "head.out_stride")
-        if out_stride not in (1, 2, 4) or (1 << (len(stage_channels))) < out_stride:
-            raise ConfigError(f"head.out_stride must be 1, 2 or 4 (and <= 2**stages), got {out_stride}")
-        total_stride = 1 << len(stage_channels)
+        (stem_stride,) = _positive_ints([bb.get("stem_stride", 1)], "backbone.stem_stride")
+        (stem_blocks,) = _positive_ints([bb.get("stem_blocks", 1)], "backbone.stem_blocks")
+        if stem_stride not in (1, 2):
+            raise ConfigError(f"backbone.stem_stride must be 1 or 2, got {stem_stride}")
+        strides = [stem_stride << i for i in range(len(stage_channels) + 1)]
+        if out_stride not in strides:
+            raise ConfigError(f"head.out_stride must be one of the backbone strides {strides}, got {out_stride}")
+        total_stride = strides[-1]
         if grid.height % total_stride or grid.width % total_stride:
             raise ConfigError(
                 f"grid {grid.height}x{grid.width} cells must be divisible by the backbone stride {total_stride}"
@@ -157,6 +166,8 @@ class ModelConfig:
             grid=grid,
             classes=classes,
             stem_channels=stem,
+            stem_stride=stem_stride,
+            stem_blocks=stem_blocks,
             stage_channels=stage_channels,
             stage_blocks=stage_blocks,
             neck_channels=neck,
@@ -212,6 +223,8 @@ class ModelConfig:
             "grid": self.grid.to_dict(),
             "backbone": {
                 "stem_channels": self.stem_channels,
+                "stem_stride": self.stem_stride,
+                "stem_blocks": self.stem_blocks,
                 "stage_channels": list(self.stage_channels),
                 "stage_blocks": list(self.stage_blocks),
                 "neck_channels": self.neck_channels,

@@ -30,7 +30,9 @@ class BevDetector(nn.Module):
         super().__init__()
         self.cfg = cfg
         cin = cfg.grid.n_channels
-        self.stem = conv_bn(cin, cfg.stem_channels)
+        stem = [conv_bn(cin, cfg.stem_channels, stride=cfg.stem_stride)]
+        stem += [conv_bn(cfg.stem_channels, cfg.stem_channels) for _ in range(cfg.stem_blocks - 1)]
+        self.stem = nn.Sequential(*stem)
         stages = []
         prev = cfg.stem_channels
         for ch, blocks in zip(cfg.stage_channels, cfg.stage_blocks):
@@ -38,14 +40,11 @@ class BevDetector(nn.Module):
             stages.append(nn.Sequential(*layers))
             prev = ch
         self.stages = nn.ModuleList(stages)
-        # Neck: 1x1 laterals of every stage at or below the head resolution, upsampled and summed.
-        self.head_level = {1: -1, 2: 0, 4: 1}[cfg.out_stride]  # stage index whose stride == out_stride
-        first = max(self.head_level, 0)
-        self.lateral_from = list(range(first, len(stages)))
-        lat_in = [cfg.stage_channels[i] for i in self.lateral_from]
-        if self.head_level < 0:  # stride-1 output: the stem joins the neck too
-            lat_in = [cfg.stem_channels] + lat_in
-        self.laterals = nn.ModuleList(conv_bn(c, cfg.neck_channels, k=1) for c in lat_in)
+        # Neck: 1x1 laterals of every feature map at or below the head resolution, upsampled and summed.
+        strides = [cfg.stem_stride * (1 << i) for i in range(len(stages) + 1)]  # stem, stage 1, ...
+        channels = [cfg.stem_channels, *cfg.stage_channels]
+        self.lateral_from = [i for i, s in enumerate(strides) if s >= cfg.out_stride]
+        self.laterals = nn.ModuleList(conv_bn(channels[i], cfg.neck_channels, k=1) for i in self.lateral_from)
         self.fuse = conv_bn(cfg.neck_channels, cfg.head_channels)
         self.heatmap = nn.Conv2d(cfg.head_channels, cfg.num_classes, 1)
         self.regression = nn.Conv2d(cfg.head_channels, sum(HEAD_CHANNELS.values()), 1)
@@ -59,7 +58,7 @@ class BevDetector(nn.Module):
         for stage in self.stages:
             x = stage(x)
             feats.append(x)
-        sources = ([feats[0]] if self.head_level < 0 else []) + [feats[i + 1] for i in self.lateral_from]
+        sources = [feats[i] for i in self.lateral_from]
         target_hw = sources[0].shape[-2:]
         neck = None
         for lat, f in zip(self.laterals, sources):
