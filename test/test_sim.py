@@ -34,6 +34,7 @@ def test_points_per_frame_fov_and_range(name, street_scene):
     n = len(f.points)
     assert abs(n - expected) <= 0.1 * expected
     assert f.points.dtype == np.float32 and f.points.shape == (n, 4)
+    assert np.isfinite(f.points).all() and np.isfinite(f.boxes).all() and np.all(f.boxes[:, 3:6] > 0)
     assert f.time.dtype == np.float64 and f.tag.dtype == np.uint8 and f.line.dtype == np.uint8
     assert len(f.time) == len(f.tag) == len(f.line) == n
     assert np.all(np.diff(f.time) >= 0) and 0 <= f.time[0] and f.time[-1] < 0.1

@@ -41,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-cars", type=int, default=None)
     p.add_argument("--n-pedestrians", type=int, default=None)
     p.add_argument("--n-cyclists", type=int, default=None)
+    p.add_argument("--clutter", type=float, default=None, help="background density multiplier (default 1)")
 
 
 def write_bag(args: argparse.Namespace) -> dict:
@@ -51,7 +52,7 @@ def write_bag(args: argparse.Namespace) -> dict:
     if args.frames < 1:
         raise LivoxInferError("--frames must be >= 1")
     scene_opts = {k: v for k, v in (("n_cars", args.n_cars), ("n_pedestrians", args.n_pedestrians),
-                                     ("n_cyclists", args.n_cyclists)) if v is not None}
+                                     ("n_cyclists", args.n_cyclists), ("clutter", args.clutter)) if v is not None}
     frame_opts = {"period": args.period}
     if args.sensor_height is not None:
         frame_opts["sensor_height"] = args.sensor_height
