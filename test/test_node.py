@@ -267,3 +267,35 @@ def test_diagnostics_report_backend_rates_and_latency(ros):
     # ...and it is published on /diagnostics about once a second.
     diags = Collector(ros.nodes[-1], DiagnosticArray, "/diagnostics")
     assert wait_for(lambda: any(a.status[0].name.startswith(node.get_name()) for a in diags.msgs), timeout_s=4)
+
+
+def test_custom_msg_input(ros):
+    pytest.importorskip("livox_ros_driver2.msg")
+    from livox_ros_driver2.msg import CustomMsg
+    from rclpy.serialization import deserialize_message
+
+    from livox_infer.bag import encode_custom_msg_cdr
+
+    factory = FakeFactory()
+    topic = "/" + unique("custom")
+    node = ros.add(DetectorNode(pipeline_factory=factory, node_name=unique("det"), context=ros.context,
+                                parameter_overrides=[Parameter("input_topic", value=topic),
+                                                     Parameter("input_type", value="custom_msg")]))
+    client = ros.node(unique("client"))
+    pub = client.create_publisher(CustomMsg, topic, 10)
+    dets = Collector(client, Detection3DArray, f"{node.get_fully_qualified_name()}/detections")
+    assert wait_for(lambda: pub.get_subscription_count() == 1 and node._det_pub.get_subscription_count() == 1)
+    rng = np.random.default_rng(1)
+    pts = np.concatenate([rng.normal((20.0, -4.0, 0.0), 0.3, (100, 3)), np.full((100, 1), 30.0)], axis=1)
+    msg = deserialize_message(encode_custom_msg_cdr(pts, stamp_ns=5_000_000_123, frame_id="livox_frame"), CustomMsg)
+    assert publish_until(pub, msg, dets)
+    out = dets.msgs[0]
+    assert ros_msgs.stamp_to_ns(out.header.stamp) == 5_000_000_123 and out.header.frame_id == "livox_frame"
+    c = out.detections[0].bbox.center.position
+    assert (c.x, c.y) == pytest.approx((20.0, -4.0), abs=0.2)
+    # a truncated CustomMsg is counted as rejected, not fatal
+    bad = CustomMsg()
+    bad.point_num = 5  # claims points it does not carry
+    deliver(pub, bad, node)
+    assert wait_for(lambda: node.stats.rejected == 1)
+    assert publish_until(pub, msg, dets, count=len(dets.msgs) + 1)

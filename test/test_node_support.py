@@ -12,7 +12,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, WeightsError
-from livox_infer.pointcloud import decode_pointcloud2, encode_pointcloud2, to_ros_message
+from livox_infer.pointcloud import Cloud, decode_pointcloud2, encode_pointcloud2, to_ros_message
 
 _counter = itertools.count()
 
@@ -45,7 +45,7 @@ class FakePipeline:
 
     def detect(self, msg) -> FakeDetections:
         t0 = time.perf_counter()
-        cloud = decode_pointcloud2(msg)
+        cloud = msg if isinstance(msg, Cloud) else decode_pointcloud2(msg)
         t1 = time.perf_counter()
         self.calls.append(cloud.stamp_ns)
         if self.delay_s:
