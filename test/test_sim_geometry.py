@@ -51,7 +51,7 @@ def test_misses_and_inside_rays():
 
 
 def test_ground_hit_and_sky():
-    g = Ground(0.0, 0.0, np.zeros(0), np.zeros((0, 2)), np.zeros(0), 0.1, np.zeros(0))
+    g = Ground(0.0, 0.0, np.zeros(0), np.zeros((0, 2)), np.zeros(0), 0.1, np.zeros(0), noise_sigma=0.0)
     o = np.array([[0.0, 0.0, 2.0], [0.0, 0.0, 2.0]])
     d = np.array([[1.0, 0.0, -0.2], [1.0, 0.0, 0.1]])
     d /= np.linalg.norm(d, axis=1, keepdims=True)

@@ -137,7 +137,7 @@ class Ground:
     marking_y: np.ndarray  # (L,) lateral positions of painted lines (world y)
     marking_half_width: float = 0.075
     marking_reflect: float = 0.55
-    noise_sigma: float = 0.008  # per-point grain (gravel, cracks)
+    noise_sigma: float = 0.004  # per-point grain (gravel, cracks), m of height
 
     def plane(self, x, y):
         return self.gx * x + self.gy * y
@@ -159,7 +159,8 @@ class Ground:
         xa = np.cross(ya, n)
         return np.stack([xa, ya, n], axis=1)
 
-    def intersect(self, o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def intersect(self, o: np.ndarray, d: np.ndarray, rng: np.random.Generator | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
         """Ray parameter of the first ground hit (inf if none) and the unit normal there."""
         n = len(d)
         t = np.full(n, np.inf)
@@ -187,6 +188,9 @@ class Ground:
         rate = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
         rate = np.where(rate < -1e-6, rate, den)
         tg = tp + rough / rate
+        if self.noise_sigma > 0 and rng is not None:
+            # grain (gravel, cracks): a few mm of height noise, seen along the ray at grazing incidence
+            tg = tg + rng.normal(0.0, self.noise_sigma, len(tg)) / np.maximum(-rate, 0.05)
         tg = np.where(tg > 0, tg, np.inf)
         t[down] = tg
         nrm = np.stack([-gx, -gy, np.ones_like(gx)], 1)
@@ -451,7 +455,7 @@ def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | 
             edge[rf] = np.where(fvol, np.inf, np.clip(e, 0, None) * hmin / np.maximum(best_t[rf], 1e-3))
 
     if ground is not None:
-        tg, ng = ground.intersect(o, d)
+        tg, ng = ground.intersect(o, d, rng)
         closer = tg < best_t
         second_t = np.where(closer, best_t, np.minimum(second_t, tg))
         best_t = np.where(closer, tg, best_t)

@@ -431,8 +431,10 @@ def _add_building(b: PrimitiveBuilder, rng, x0, x1, y_face, side, z0):
 
 # ------------------------------------------------------------------------------------- scenes
 def _ground(rng, mode: str, road_half: float) -> Ground:
-    k_amp = rng.uniform(0.003, 0.02, 5)
-    k_len = rng.uniform(2.0, 25.0, 5)
+    # waviness: mm over metres, cm over tens of metres; steeper short waves would cast stripes of shadow
+    # at grazing incidence, which real scans do not show
+    k_amp = np.r_[rng.uniform(0.001, 0.005, 2), rng.uniform(0.005, 0.03, 3)]
+    k_len = np.r_[rng.uniform(3.0, 8.0, 2), rng.uniform(15.0, 60.0, 3)]  # max slope ~1 %
     k_dir = rng.uniform(0, 2 * np.pi, 5)
     kv = np.stack([np.cos(k_dir), np.sin(k_dir)], 1) * (2 * np.pi / k_len)[:, None]
     slope_x = float(rng.normal(0, 0.015))

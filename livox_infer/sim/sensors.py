@@ -120,8 +120,10 @@ class SensorModel:
             step = np.tanh(3.0 * np.cos(psi)) / np.tanh(3.0)
             # the slow drift advances mostly at the turnarounds, so each sweep stays nearly level
             # (ground returns form arcs of constant range, as in real Horizon scans)
-            s = (psi - np.pi / 2) / np.pi
-            stair = s + np.sin(TWO_PI * s) / TWO_PI
+            s = (psi - np.pi / 2) / np.pi  # integer at the turnarounds
+            m = np.round(s)
+            w = 0.08  # width of the step, in sweeps
+            stair = m + 0.5 * np.tanh((s - m) / w) / np.tanh(0.5 / w)
             t_stair = (stair * np.pi + np.pi / 2 - phases[0]) / (TWO_PI * self.sweep_hz)
             drift = np.sin(TWO_PI * self.drift_hz * t_stair + phases[1])
             el = self.step_half_deg * step + self.drift_half_deg * drift + off_el
