@@ -40,13 +40,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SENSOR_HEIGHT = 1.8
 AUTO_HEIGHT_WINDOW = 15  # frames whose estimates are median-smoothed in "auto" mode
-STAGES = ("decode", "voxelize", "network", "postprocess", "total")
+STAGES = ("decode", "ground", "voxelize", "network", "postprocess", "total")
 
 
 @dataclass
 class Detections:
     """Boxes (M, 7) f32 [x, y, z, l, w, h, yaw] in the input cloud's frame, labels (M,) int64 into
-    `class_names`, scores (M,) f32, label_names (M,) class name per box, timings_ms per stage."""
+    `class_names`, scores (M,) f32, label_names (M,) class name per box, timings_ms per stage
+    (decode, ground (ground-plane estimate in "auto" mode), voxelize, network, postprocess, total)."""
 
     boxes: np.ndarray
     labels: np.ndarray
@@ -318,6 +319,7 @@ class DetectionPipeline:
         cloud = _as_cloud(x, self.filters)
         t1 = time.perf_counter()
         mount = self.current_mount(cloud.points)
+        t_ground = time.perf_counter()
         pts = torch.from_numpy(cloud.points).to(self.device)
         # level + shift so the ground is at z ~ 0 (a copy: the caller's array is untouched)
         rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
@@ -340,7 +342,7 @@ class DetectionPipeline:
         t4 = time.perf_counter()
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
         timings = {
-            "decode": ms(t0, t1), "voxelize": ms(t1, t2), "network": ms(t2, t3),
+            "decode": ms(t0, t1), "ground": ms(t1, t_ground), "voxelize": ms(t_ground, t2), "network": ms(t2, t3),
             "postprocess": ms(t3, t4), "total": ms(t0, t4),
         }
         return Detections(

@@ -325,10 +325,11 @@ def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]
     return int(meta["step"]), float(meta.get("best", "-inf"))
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (0.1 + 0.9 * step / max(1, warmup))
-    t = (step - warmup) / max(1, total - warmup)
+def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
+    """Linear warm-up over the first 5 % of training, then cosine decay to 2 % of the peak."""
+    if progress < warmup:
+        return peak * (0.1 + 0.9 * progress / warmup)
+    t = (progress - warmup) / (1 - warmup)
     return peak * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
@@ -352,7 +353,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
-    p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help="train for this many minutes of wall time: progress (and the LR schedule) is then "
+                        "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -394,15 +397,22 @@ def _train(args: argparse.Namespace) -> int:
     stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4 if args.workers else None)
-    warmup = max(1, args.steps // 20)
     history = []
+    t_loop = time.time()
+    budget_s = args.time_budget * 60 if args.time_budget else None
+    if start and budget_s:  # a resumed budgeted run continues its progress where it stopped
+        budget_s = max(60.0, budget_s * (1 - start / args.steps))
     net.train()
     bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}", unit="step")
     ema = None
     step = start
+    progress = start / args.steps
     for step, bev, tgt in bar:
+        progress = step / args.steps
+        if budget_s:
+            progress = max(progress, (time.time() - t_loop) / budget_s)
         for grp in opt.param_groups:
-            grp["lr"] = lr_at(step, args.steps, args.lr, warmup)
+            grp["lr"] = lr_at(progress, args.lr)
         bev = bev.to(device, non_blocking=True)
         tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
         loss, parts = detection_loss(net(bev), tgt)
@@ -413,7 +423,7 @@ def _train(args: argparse.Namespace) -> int:
         ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
         bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1
-        out_of_time = args.max_minutes is not None and (time.time() - t_start) > args.max_minutes * 60
+        out_of_time = progress >= 1.0
         if done % args.val_every == 0 or done == args.steps or out_of_time:
             v = validate(net, cfg, val_frames, device)
             score = val_score(v)
@@ -435,7 +445,7 @@ def _train(args: argparse.Namespace) -> int:
             with open(work / "history.jsonl", "a") as f:
                 f.write(json.dumps(history[-1]) + "\n")
         if out_of_time:
-            log.info("--max-minutes reached at step %d", done)
+            log.info("--time-budget used up at step %d", done)
             break
     log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
     return 0
