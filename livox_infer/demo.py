@@ -14,7 +14,6 @@ import argparse
 import os
 import random
 import shutil
-import struct
 import sys
 import threading
 import time
@@ -27,12 +26,6 @@ from livox_infer import CLASS_NAMES
 
 # A detection matches a ground-truth box of its class whose centre lies within this BEV distance.
 MATCH_DISTANCE_M = {"car": 2.0, "pedestrian": 1.0, "cyclist": 1.5}
-
-
-def cdr_header_stamp_ns(raw: bytes) -> int:
-    """Header stamp of a serialized message that starts with std_msgs/Header (little-endian CDR)."""
-    sec, nanosec = struct.unpack_from("<iI", raw, 4)
-    return sec * 1_000_000_000 + nanosec
 
 
 @dataclass
@@ -172,7 +165,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
 
     from livox_infer.bag import read_clouds, read_detections
     from livox_infer.node import DetectorNode, params_file_for
-    from livox_infer.replay import BagReplayer
+    from livox_infer.replay import BagReplayer, cdr_header_stamp_ns
     from livox_infer.ros_msgs import msg_to_arrays
 
     say = (lambda *a, **k: None) if quiet else print

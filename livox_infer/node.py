@@ -466,6 +466,8 @@ class DetectorNode(Node):
             level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
         elif snap["rejected"]:
             level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
+        elif compile_error:
+            level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
         elif snap["received"] == 0:
             level, message = "warn", f"no clouds received on {self._values['input_topic']}"
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -202,6 +203,12 @@ def replay_topics(bag: str | os.PathLike, **kwargs: Any) -> ReplayStats:
 
 
 # ---------------------------------------------------------------------- soak benchmark
+def cdr_header_stamp_ns(raw: bytes) -> int:
+    """Header stamp of a serialized message that starts with std_msgs/Header (little-endian CDR)."""
+    sec, nanosec = struct.unpack_from("<iI", raw, 4)
+    return sec * 1_000_000_000 + nanosec
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -234,10 +241,7 @@ def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str 
 
     def on_publish(out_topic: str, _t: int, raw: bytes) -> None:
         if out_topic == topic:
-            from livox_infer.pointcloud import pointcloud2_from_cdr
-
-            stamp = pointcloud2_from_cdr(raw).header.stamp
-            sent_at[int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)] = time.monotonic()
+            sent_at[cdr_header_stamp_ns(raw)] = time.monotonic()
 
     def on_detections(msg) -> None:
         t = sent_at.get(int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec))
