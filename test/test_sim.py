@@ -185,6 +185,23 @@ def test_bad_options_raise_config_error():
         simulate_frame("avia", frame_index=1.5)
     with pytest.raises(ConfigError):
         simulate_frame("avia", period=0.0)
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", ego_speed=(5.0, 1.0))
+
+
+def test_ego_speed_smears_static_objects_along_the_drive():
+    scene = make_scene(3, "open", moving=False)
+    still = simulate_frame("horizon", seed=3, scene=scene, ego_speed=0.0)
+    fast = simulate_frame("horizon", seed=3, scene=scene, ego_speed=20.0)
+    drawn = simulate_frame("horizon", seed=3, scene=scene, ego_speed=(20.0, 20.0))
+    np.testing.assert_array_equal(fast.points, drawn.points)
+    np.testing.assert_array_equal(still.boxes, fast.boxes)  # boxes at the frame start
+    # points measured late in the frame come from 2 m further along: the same objects look nearer
+    i = int(np.argmax(still.num_points))
+    late_still = still.points[(still.instance == i) & (still.time > 0.08)]
+    late_fast = fast.points[(fast.instance == i) & (fast.time > 0.08)]
+    assert len(late_still) > 5 and len(late_fast) > 5
+    assert np.median(late_fast[:, 0]) < np.median(late_still[:, 0]) - 1.0
 
 
 @pytest.mark.parametrize("layout,storage", [("livox", "sqlite3"), ("custom", "mcap")])

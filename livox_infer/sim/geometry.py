@@ -138,15 +138,33 @@ class Ground:
     marking_half_width: float = 0.075
     marking_reflect: float = 0.55
     noise_sigma: float = 0.004  # per-point grain (gravel, cracks), m of height
+    camber: float = 0.0  # road crown: the surface drops camber * y^2 (m) away from y = 0 ...
+    camber_half: float = 0.0  # ... up to |y| = camber_half (the road edge), flat beyond
 
     def plane(self, x, y):
         return self.gx * x + self.gy * y
 
-    def height(self, x, y):
-        z = self.gx * x + self.gy * y
+    def detail(self, x, y):
+        """Height above the plane (waviness + road crown) and its x/y slopes."""
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        dz = np.zeros(np.broadcast(x, y).shape)
+        sx = np.zeros_like(dz)
+        sy = np.zeros_like(dz)
         for a, k, ph in zip(self.rough_amp, self.rough_k, self.rough_phase):
-            z = z + a * np.sin(k[0] * x + k[1] * y + ph)
-        return z
+            arg = k[0] * x + k[1] * y + ph
+            dz = dz + a * np.sin(arg)
+            c = a * np.cos(arg)
+            sx = sx + c * k[0]
+            sy = sy + c * k[1]
+        if self.camber > 0:
+            yc = np.clip(y, -self.camber_half, self.camber_half)
+            dz = dz - self.camber * yc * yc
+            sy = sy - 2.0 * self.camber * yc * (np.abs(y) < self.camber_half)
+        return dz, sx, sy
+
+    def height(self, x, y):
+        return self.plane(x, y) + self.detail(x, y)[0]
 
     def tilt(self) -> np.ndarray:
         """Rotation whose z axis is the plane normal and x axis lies along world x (roads run along x)."""
@@ -171,23 +189,18 @@ class Ground:
         if not len(down):
             return t, normal
         od, dd, den = o[down], d[down], denom[down]
-        tp = (self.gx * od[:, 0] + self.gy * od[:, 1] - od[:, 2]) / den
-        # one Newton step onto the rough surface (roughness is cm-scale: the plane hit is close)
-        x = od[:, 0] + tp * dd[:, 0]
-        y = od[:, 1] + tp * dd[:, 1]
-        rough = np.zeros(len(down))
-        gx = np.full(len(down), float(self.gx))
-        gy = np.full(len(down), float(self.gy))
-        for a, k, ph in zip(self.rough_amp, self.rough_k, self.rough_phase):
-            arg = k[0] * x + k[1] * y + ph
-            rough += a * np.sin(arg)
-            c = a * np.cos(arg)
-            gx += c * k[0]
-            gy += c * k[1]
-        # z error at the plane hit is -rough; move along the ray by it over the slope-corrected rate
-        rate = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
-        rate = np.where(rate < -1e-6, rate, den)
-        tg = tp + rough / rate
+        tg = (self.gx * od[:, 0] + self.gy * od[:, 1] - od[:, 2]) / den
+        # Newton steps from the plane hit onto the detailed surface (cm-scale, gentle slopes)
+        for _ in range(2):
+            x = od[:, 0] + tg * dd[:, 0]
+            y = od[:, 1] + tg * dd[:, 1]
+            dz, sx, sy = self.detail(x, y)
+            gx = self.gx + sx
+            gy = self.gy + sy
+            err = od[:, 2] + tg * dd[:, 2] - (self.gx * x + self.gy * y + dz)
+            rate = dd[:, 2] - gx * dd[:, 0] - gy * dd[:, 1]
+            rate = np.where(rate < -1e-6, rate, den)
+            tg = tg - err / rate
         if self.noise_sigma > 0 and rng is not None:
             # grain (gravel, cracks): a few mm of height noise, seen along the ray at grazing incidence
             tg = tg + rng.normal(0.0, self.noise_sigma, len(tg)) / np.maximum(-rate, 0.05)

@@ -57,9 +57,9 @@ class Scene:
         # heights follow the ground under the moving object
         moved = np.array([np.any(ob.velocity != 0) for ob in self.objects])
         if moved.any():
-            base = np.array([ob.position[2] - self.ground.plane(ob.position[0], ob.position[1])
+            base = np.array([ob.position[2] - self.ground.height(ob.position[0], ob.position[1])
                              for ob in self.objects])
-            pos[:, 2] = np.where(moved, self.ground.plane(pos[:, 0], pos[:, 1]) + base, pos[:, 2])
+            pos[:, 2] = np.where(moved, self.ground.height(pos[:, 0], pos[:, 1]) + base, pos[:, 2])
         rots = self.ground_tilt[None] @ rot_z(np.array([ob.yaw for ob in self.objects]))
         parts = Primitives.concat([ob.parts for ob in self.objects])
         owner = np.concatenate([np.full(len(ob.parts), i, np.int32) for i, ob in enumerate(self.objects)])
@@ -447,7 +447,11 @@ def _ground(rng, mode: str, road_half: float) -> Ground:
     else:
         marks = np.zeros(0)
         refl = float(rng.uniform(0.07, 0.2))
-    return Ground(slope_x, slope_y, k_amp, kv, rng.uniform(0, 2 * np.pi, 5), refl, marks)
+    camber = 0.0
+    if mode == "street" and rng.random() < 0.8:
+        camber = float(rng.uniform(0.02, 0.12)) / road_half ** 2  # crown: edge 2-12 cm below the centre
+    return Ground(slope_x, slope_y, k_amp, kv, rng.uniform(0, 2 * np.pi, 5), refl, marks, camber=camber,
+                  camber_half=road_half)
 
 
 class _Placer:
@@ -589,7 +593,8 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         r = _object_radius(parts)
         if not placer.free(x, y, r):
             return False
-        z = ground.plane(x, y) + (curb_h if on_walk else 0.0)
+        # on the road: the detailed surface (crown); sidewalks are flat slabs over the plane
+        z = ground.plane(x, y) + curb_h if on_walk else float(ground.height(x, y))
         objects.append(SceneObject(label, parts, np.array([x, y, z]), float(yaw), np.asarray(vel, float), oid))
         placer.take(x, y, r)
         oid += 1
@@ -749,7 +754,7 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
                 continue
             yaw = float(rng.uniform(-np.pi, np.pi))
             sp = float(rng.uniform(*speeds[label])) if (moving and rng.random() < 0.5) else 0.0
-            objects.append(SceneObject(label, parts, np.array([x, y, ground.plane(x, y)]), yaw,
+            objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw,
                                        sp * np.array([np.cos(yaw), np.sin(yaw)]), oid))
             placer.take(x, y, r)
             oid += 1

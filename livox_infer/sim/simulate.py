@@ -85,13 +85,26 @@ def _mount(seed: int, sensor_height, pitch_deg, roll_deg, yaw_deg) -> tuple[floa
     return h, p, r, y
 
 
+def _draw_speed(seed: int, value) -> float:
+    """A speed (m/s), or a (low, high) range drawn from per seed (like the mount)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or not (0 <= float(value[0]) <= float(value[1])):
+            raise ConfigError(f"ego_speed range must be (low, high) with 0 <= low <= high, got {value!r}")
+        return float(np.random.default_rng([int(seed), 4]).uniform(float(value[0]), float(value[1])))
+    v = float(value)
+    if not (0.0 <= v <= 70.0):
+        raise ConfigError(f"ego_speed {v} m/s out of range 0..70")
+    return v
+
+
 def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_index: int = 0,
                    scene: Scene | str | None = None, **options) -> SimFrame:
     """Simulate one frame of ``sensor`` in ``scene`` (a Scene, or "street"/"open" built from ``seed``).
 
     Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving.
     Frame options: sensor_height (m, default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
-    (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, 0), range_noise (m,
+    (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, or a (low, high) range
+    drawn per seed; 0), range_noise (m,
     sensor default 0.02), dropout (0.01), mixed_edges (True), false_alarm_rate (1e-4),
     max_box_range (m, 200: objects further away get no box).
     """
@@ -104,7 +117,7 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     period = float(kw.get("period", 0.1))
     if not (0.001 <= period <= 10.0):
         raise ConfigError(f"period {period} s out of range 0.001..10")
-    ego_speed = float(kw.get("ego_speed", 0.0))
+    ego_speed = _draw_speed(seed, kw.get("ego_speed", 0.0))
     range_noise = float(kw.get("range_noise", sensor_model.range_noise))
     dropout = float(kw.get("dropout", 0.01))
     false_alarm = float(kw.get("false_alarm_rate", 1e-4))
