@@ -311,3 +311,42 @@ def test_cuda_backend_without_gpu_raises_backend_error():
 def test_unknown_backend_raises():
     with pytest.raises(BackendError):
         voxelize(torch.zeros(1, 4), GRID, backend="tpu")
+
+
+def test_chunked_quantisation_gives_the_same_result(monkeypatch):
+    """Clouds above TILED_ROWS_MAX are quantised in chunks (here 7 rows, last chunk partial)."""
+    import livox_infer.voxelize.reference as reference
+
+    points = torch.cat([random_cloud(3000, 30), extreme_cloud(), edge_cloud()])
+    tiled = voxelize_reference(points, GRID)
+    monkeypatch.setattr(reference, "TILED_ROWS_MAX", 7)
+    assert torch.equal(voxelize_reference(points, GRID), tiled)
+    assert torch.equal(triton_voxelize(points), tiled)
+
+
+@pytest.mark.parametrize("n_points", [5, 200, 5000])  # representative-point search and grid scan
+def test_occupied_cell_search_paths_agree_with_dense_reference(n_points):
+    points = random_cloud(n_points, 40 + n_points, margin=0.2)
+    assert torch.equal(voxelize_reference(points, GRID), voxelize_reference_dense(points, GRID))
+
+
+def test_bench_voxelize_runs_on_cpu(capsys):
+    import argparse
+
+    from livox_infer.bench import voxelize as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--sizes", "100,2000", "--repeat", "3", "--warmup", "1", "--no-compile", "--device", "cpu"])
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "2,000" in out and "x eager" in out
+
+
+@pytest.mark.slow  # ~25 s of inductor compile on a busy 2-core machine
+def test_compiled_dense_reference_is_bit_identical():
+    """torch.compile'd reference (what the benchmark compares against) == eager CPU path: inductor's
+    fused C++ keeps the same float ops (no FMA contraction across the sub/mul)."""
+    compiled = torch.compile(lambda p: voxelize_reference_dense(p, GRID), fullgraph=True, dynamic=False)
+    points = torch.cat([clustered_cloud(50), extreme_cloud(), edge_cloud(), random_cloud(700, 51)])
+    assert torch.equal(compiled(points), voxelize_reference(points, GRID))

@@ -13,8 +13,8 @@ import torch
 from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_FIXED_CHANNELS, GridConfig
 
 
-# Up to this many points the per-column constants are pre-tiled (5 x 16 bytes per row of memory).
-TILED_ROWS_MAX = 1 << 17
+# Points are quantised in chunks of this many rows, against pre-tiled constants (5 x 16 bytes per row).
+TILED_ROWS_MAX = 1 << 16
 
 
 class ReferenceConstants:
@@ -45,10 +45,8 @@ class ReferenceConstants:
         self.slice_channel_offset = (N_FIXED_CHANNELS + slice_of_level) * grid.n_cells
 
     def tiled(self, n: int) -> dict[str, torch.Tensor]:
-        """The per-column constants repeated for n rows, flat (4n,): same-shape flat operands keep
-        torch's CPU kernels vectorised; broadcasting a (4,) row over (N, 4) does not."""
-        if n > TILED_ROWS_MAX:  # memory for the tiles would outgrow the gain: plain broadcasting
-            return {name: getattr(self, name) for name in ("origin", "scale", "clamp_low", "clamp_high", "upper")}
+        """The per-column constants repeated for n <= TILED_ROWS_MAX rows, flat (4n,): same-shape
+        flat operands keep torch's CPU kernels vectorised; broadcasting a (4,) row over (N, 4) does not."""
         if not self._tiled or self._tiled["origin"].numel() < 4 * n:
             rows = min(TILED_ROWS_MAX, max(n, 1024, 2 * (self._tiled["origin"].numel() // 4 if self._tiled else 0)))
             self._tiled = {name: getattr(self, name).repeat(rows)
@@ -72,11 +70,21 @@ def quantize_points(points: torch.Tensor, c: ReferenceConstants):
     cast in range; for intensity it is the kernel's clamp to [0, 65535]. NaN survives the clamp and
     fails the range test, as in the kernel."""
     n = points.shape[0]
-    k = c.tiled(n)
-    rows = points.reshape(-1) if k["origin"].shape[0] == 4 * n else points  # flat with tiles, else (N, 4)
+    if torch.compiler.is_compiling():  # inductor fuses the whole block: plain broadcasting is best
+        k = {name: getattr(c, name) for name in ("origin", "scale", "clamp_low", "clamp_high", "upper")}
+        rows = points
+    elif n > TILED_ROWS_MAX:  # in chunks, so the tiles stay small and in cache
+        parts = [quantize_points(points[i : i + TILED_ROWS_MAX], c) for i in range(0, n, TILED_ROWS_MAX)]
+        return tuple(torch.cat(t) for t in zip(*parts))
+    else:
+        k = c.tiled(n)
+        rows = points.reshape(-1)
     scaled = (rows - k["origin"]).mul_(k["scale"]).clamp_(k["clamp_low"], k["clamp_high"])
-    in_range = (scaled >= 0) & (scaled < k["upper"])  # (4N,) or (N, 4) bool
-    valid = (in_range.view(torch.int32) == 0x01010101).view(n)  # all four bytes of a row True
+    in_range = (scaled >= 0) & (scaled < k["upper"])  # (4N,) flat or (N, 4) bool
+    if rows is points:
+        valid = in_range.all(1)
+    else:  # four bools of a row read as one int32: cheaper than a reduction over rows of 4
+        valid = (in_range.view(torch.int32) == 0x01010101).view(n)
     q = scaled.nan_to_num_(0.0).floor_().to(torch.int64).view(n, 4).mul_(valid.unsqueeze(1))
     cell = torch.where(valid, q[:, 1] * c.width + q[:, 0], c.width * c.height)
     return cell, q[:, 2], q[:, 3], valid
