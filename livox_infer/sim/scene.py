@@ -379,6 +379,44 @@ def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
         b.add(BOX, (x, y + toward_road * arm / 2, z0 + h), (0.08, arm / 2, 0.05), reflect=0.3)
 
 
+def _add_large_vehicle(b: PrimitiveBuilder, rng, x, y, z0, yaw) -> float:
+    """An unlabelled truck or bus (not a KITTI 'car'): cab + cargo box or a long body, big wheels.
+    Teaches the detector that large vehicles are not cars. Returns the footprint radius."""
+    R = rot_z(yaw)
+    c, s_ = np.cos(yaw), np.sin(yaw)
+
+    def at(lx, ly, lz):
+        return (x + c * lx - s_ * ly, y + s_ * lx + c * ly, z0 + lz)
+
+    wheel_r = float(rng.uniform(0.45, 0.55))
+    w = float(rng.uniform(2.3, 2.55))
+    paint = float(rng.uniform(0.1, 0.6))
+    if rng.random() < 0.5:  # box truck
+        length = float(rng.uniform(6.5, 9.5))
+        cab = 2.2
+        h = float(rng.uniform(3.0, 3.8))
+        b.add(BOX, at(length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), R, reflect=paint)
+        b.add(BOX, at(length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), R,
+              reflect=0.08, hit_prob=0.35)
+        cargo = length - cab - 0.2
+        b.add(BOX, at(-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
+              (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), R, reflect=float(rng.uniform(0.3, 0.7)))
+        axles = (length / 2 - 1.3, -length / 2 + 1.6)
+    else:  # bus
+        length = float(rng.uniform(10.0, 12.5))
+        h = float(rng.uniform(2.9, 3.3))
+        b.add(BOX, at(0, 0, 0.35 + (h - 0.35) / 2), (length / 2, w / 2, (h - 0.35) / 2), R, reflect=paint)
+        for side in (-1, 1):  # window band
+            b.add(BOX, at(0, side * (w / 2 + 0.01), 1.9), (length / 2 - 0.8, 0.02, 0.5), R, reflect=0.08,
+                  hit_prob=0.4)
+        axles = (length / 2 - 2.5, -length / 2 + 3.0)
+    for ax in axles:
+        for side in (-1, 1):
+            b.add(CYLINDER, at(ax, side * (w / 2 - 0.25), wheel_r), (wheel_r, wheel_r, 0.15), R @ rot_x(np.pi / 2),
+                  reflect=0.05)
+    return float(np.hypot(length, w) / 2)
+
+
 def _add_clutter(b: PrimitiveBuilder, rng, x, y, z0, yaw):
     u = rng.random()
     R = rot_z(yaw)
@@ -602,6 +640,14 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
 
     # keep the ego's own footprint free
     placer.take(0.0, ego_y, 3.0)
+    # a few parked trucks / buses (unlabelled)
+    for _ in range(int(rng.integers(0, 3))):
+        side = _sign(rng)
+        x = float(rng.uniform(x_lo + 15, x_hi))
+        y = side * (road_half - 1.3)
+        if not in_cross(x) and placer.free(x, y, 6.5):
+            r = _add_large_vehicle(b, rng, x, y, float(ground.height(x, y)), 0.0 if side < 0 else np.pi)
+            placer.take(x, y, r)
     # parked cars
     target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30))
     n_parked = int(round(target_cars * (0.65 if park_w > 0 else 0.2)))
@@ -729,6 +775,12 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
             else:
                 _add_clutter(b, rng, x, y, z0, float(rng.uniform(0, 2 * np.pi)))
             placer.take(x, y, 0.6)
+
+    for _ in range(int(rng.integers(0, 3))):  # unlabelled trucks / buses
+        x, y = sample_xy(15, reach)
+        if placer.free(x, y, 6.5):
+            r = _add_large_vehicle(b, rng, x, y, float(ground.height(x, y)), float(rng.uniform(-np.pi, np.pi)))
+            placer.take(x, y, r)
 
     counts = {
         CAR: n_cars if n_cars is not None else int(rng.integers(6, 20)),
