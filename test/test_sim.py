@@ -231,3 +231,7 @@ def test_simulate_cli_writes_bag_with_ground_truth(tmp_path, layout, storage):
         np.testing.assert_allclose(det.boxes[:, :6], f.boxes[keep][:, :6], atol=1e-4)
     # existing output is refused with a clear error, not overwritten
     assert cli.main(args) == 2
+    # bad options fail before any bag directory is created
+    bad = parser.parse_args(["--out", str(tmp_path / "never"), "--sensor-height", "-3"])
+    assert cli.main(bad) == 2
+    assert not (tmp_path / "never").exists()

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def write_bag(args: argparse.Namespace) -> dict:
     from livox_infer.bag import BagWriter
     from livox_infer.pointcloud import encode_pointcloud2
-    from livox_infer.sim.simulate import simulate_drive
+    from livox_infer.sim.simulate import iter_drive
 
     if args.frames < 1:
         raise LivoxInferError("--frames must be >= 1")
@@ -56,8 +56,9 @@ def write_bag(args: argparse.Namespace) -> dict:
     frame_opts = {"period": args.period}
     if args.sensor_height is not None:
         frame_opts["sensor_height"] = args.sensor_height
-    frames = simulate_drive(args.sensor, args.seed, args.frames, speed_mps=args.speed, scene=args.scene,
-                            **scene_opts, **frame_opts)
+    # validate everything before the bag directory is created; frames are simulated as they are written
+    frames = iter_drive(args.sensor, args.seed, args.frames, speed_mps=args.speed, scene=args.scene,
+                        **scene_opts, **frame_opts)
     period_ns = int(round(args.period * 1e9))
     n_boxes = 0
     n_points = 0
@@ -79,7 +80,7 @@ def write_bag(args: argparse.Namespace) -> dict:
             bag.write_detections(args.gt_topic, stamp, args.frame_id, f.boxes[keep], f.labels[keep])
             n_boxes += int(keep.sum())
             n_points += len(pts)
-    return {"frames": len(frames), "boxes": n_boxes, "points": n_points}
+    return {"frames": args.frames, "boxes": n_boxes, "points": n_points}
 
 
 def main(args: argparse.Namespace) -> int:

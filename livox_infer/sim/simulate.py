@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -283,10 +284,16 @@ def simulate_drive(sensor: str | SensorModel = "avia", seed: int = 0, n_frames: 
 
     Objects move with their velocities when ``moving_objects``; boxes are in each frame's sensor frame.
     """
-    if int(n_frames) < 1:
-        raise ConfigError("n_frames must be >= 1")
-    if speed_mps < 0:
-        raise ConfigError("speed_mps must be >= 0")
+    return list(iter_drive(sensor, seed, n_frames, speed_mps, scene, moving_objects, **options))
+
+
+def iter_drive(sensor: str | SensorModel = "avia", seed: int = 0, n_frames: int = 10, speed_mps: float = 8.0,
+               scene: Scene | str | None = None, moving_objects: bool = True, **options) -> Iterator[SimFrame]:
+    """:func:`simulate_drive` one frame at a time (long drives without holding every frame)."""
+    if isinstance(n_frames, bool) or not isinstance(n_frames, (int, np.integer)) or n_frames < 1:
+        raise ConfigError("n_frames must be an integer >= 1")
+    if not (0.0 <= float(speed_mps) <= 70.0):
+        raise ConfigError("speed_mps must be in 0..70")
     scene_kw, frame_kw = _split_options(options)
     period = float(frame_kw.get("period", 0.1))
     if isinstance(scene, Scene):
@@ -296,5 +303,14 @@ def simulate_drive(sensor: str | SensorModel = "avia", seed: int = 0, n_frames: 
         scene_kw.setdefault("moving", moving_objects)
         scene_kw.setdefault("ego_speed", speed_mps)
         scn = _resolve_scene(scene, seed, scene_kw)
-    frame_kw["ego_speed"] = speed_mps
-    return [simulate_frame(sensor, seed, k, scn, **frame_kw) for k in range(int(n_frames))]
+    frame_kw["ego_speed"] = float(speed_mps)
+
+    # the first frame is made now, so bad options raise here rather than halfway through a consumer
+    first = simulate_frame(sensor, seed, 0, scn, **frame_kw)
+
+    def frames() -> Iterator[SimFrame]:
+        yield first
+        for k in range(1, int(n_frames)):
+            yield simulate_frame(sensor, seed, k, scn, **frame_kw)
+
+    return frames()
