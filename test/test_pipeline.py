@@ -1,0 +1,167 @@
+"""DetectionPipeline: inputs, parameters, errors, frame handling (small random-weight model, eager)."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from livox_infer.errors import BackendError, ConfigError, PointCloudError, WeightsError
+from livox_infer.model import ModelConfig, build_model, save_weights
+from livox_infer.model.ground import Mount
+from livox_infer.pipeline import DetectionPipeline, Detections
+from livox_infer.pointcloud import Cloud, encode_pointcloud2
+
+torch.set_num_threads(1)
+STAGES = {"decode", "ground", "voxelize", "network", "postprocess", "total"}
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """A tiny config + random weights in a temp dir (same layout as models/)."""
+    from pathlib import Path
+
+    d = tmp_path_factory.mktemp("models")
+    cfg = yaml.safe_load((Path(__file__).resolve().parent.parent / "models" / "lite.yaml").read_text())
+    cfg["name"] = "tiny"
+    cfg["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
+    cfg["backbone"].update(stem_channels=4, stage_channels=[8, 8], stage_blocks=[1, 1], neck_channels=8)
+    cfg["head"]["head_channels"] = 8
+    cfg["weights"] = "tiny.safetensors"
+    path = d / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    mc = ModelConfig.load(path)
+    torch.manual_seed(0)
+    save_weights(build_model(mc), mc, d / "tiny.safetensors")
+    return path
+
+
+def scene_points(height=1.6, seed=0):
+    rng = np.random.default_rng(seed)
+    n = 6000
+    ground = np.c_[rng.uniform(2, 25, n), rng.uniform(-12, 12, n), np.full(n, -height) + rng.normal(0, 0.02, n)]
+    car = np.c_[rng.uniform(10, 14, 800), rng.uniform(1, 3, 800), rng.uniform(0.2, 1.5, 800) - height]
+    pts = np.r_[ground, car]
+    return np.c_[pts, rng.uniform(0, 120, len(pts))].astype(np.float32)
+
+
+def test_detect_accepts_array_cloud_tensor_and_pointcloud2(small_model):
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, score_thresholds=0.0)
+    pts = scene_points()
+    outs = [
+        pipe.detect(pts),
+        pipe.detect(torch.from_numpy(pts)),
+        pipe.detect(Cloud(pts, stamp_ns=7, frame_id="f")),
+        pipe.detect(encode_pointcloud2(pts, "xyzi", stamp_ns=9, frame_id="lidar")),
+    ]
+    for d in outs:
+        assert isinstance(d, Detections)
+        assert d.boxes.dtype == np.float32 and d.boxes.shape == (len(d), 7)
+        assert d.labels.shape == d.scores.shape == (len(d),)
+        assert set(d.timings_ms) == STAGES and all(v >= 0 for v in d.timings_ms.values())
+        assert d.label_names == [pipe.cfg.classes[i] for i in d.labels]
+        assert np.array_equal(d.boxes, outs[0].boxes) and np.array_equal(d.scores, outs[0].scores)
+        assert np.all(np.diff(d.scores) <= 0)
+    assert len(outs[0]) > 0  # threshold 0: the top-k candidates survive NMS partly
+    assert outs[2].stamp_ns == 7 and outs[3].frame_id == "lidar" and outs[3].stamp_ns == 9
+    assert pts.flags.writeable and np.array_equal(pts, scene_points())  # input untouched
+
+
+def test_bad_inputs_raise_point_cloud_error(small_model):
+    pipe = DetectionPipeline(small_model, compile=False)
+    with pytest.raises(PointCloudError):
+        pipe.detect(np.zeros((10, 3), np.float32))
+    with pytest.raises(PointCloudError):
+        pipe.detect("cloud.pcd")
+    with pytest.raises(PointCloudError):
+        pipe.detect(np.zeros((4, 4), complex))
+    d = pipe.detect(np.zeros((0, 4), np.float32))  # an empty scan is valid: no boxes
+    assert len(d) == 0 and d.num_points == 0
+    nan = scene_points()
+    nan[::7, 0] = np.nan
+    assert pipe.detect(nan).num_points < len(nan)
+
+
+def test_parameters_update_and_validation(small_model):
+    pipe = DetectionPipeline(small_model, compile=False, score_thresholds=0.0)
+    pts = scene_points()
+    assert len(pipe.detect(pts)) > 0
+    pipe.update(score_thresholds=1.0)
+    assert len(pipe.detect(pts)) == 0
+    pipe.update(score_thresholds={"car": 0.0})  # others keep the config's value
+    assert pipe.params["score_thresholds"][0] == 0.0
+    old_vox = pipe.voxelizer
+    pipe.update(intensity_scale=1.0)
+    assert pipe.voxelizer is not old_vox and pipe.grid.intensity_scale == 1.0
+    for bad in (
+        {"score_thresholds": 2.0}, {"score_thresholds": {"truck": 0.1}}, {"score_thresholds": [0.1]},
+        {"sensor_height": "high"}, {"sensor_height": float("nan")}, {"sensor_tilt": (1,)},
+        {"intensity_scale": 0}, {"max_detections": 0}, {"tag_filter": "some"}, {"roi": (0, 1)}, {"colour": 1},
+    ):
+        with pytest.raises(ConfigError):
+            pipe.update(**bad)
+    with pytest.raises(ConfigError):
+        DetectionPipeline(small_model, compile=False, device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu_is_backend_error(small_model):
+    with pytest.raises(BackendError):
+        DetectionPipeline(small_model, compile=False, device="cuda")
+
+
+def test_missing_or_foreign_weights_raise_weights_error(small_model, tmp_path):
+    with pytest.raises(WeightsError, match="not found"):
+        DetectionPipeline(small_model, weights=tmp_path / "none.safetensors", compile=False)
+    lite = ModelConfig.load("lite")
+    other = tmp_path / "lite.safetensors"
+    save_weights(build_model(lite), lite, other)
+    with pytest.raises(WeightsError, match="different model config"):
+        DetectionPipeline(small_model, weights=other, compile=False)
+
+
+class FixedRunner:
+    """Stands in for the network: one car 0.75 m above the levelled ground at (12, 2)."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, bev):
+        scores = torch.zeros(self.k)
+        scores[0] = 0.9
+        boxes = torch.zeros(self.k, 7)
+        boxes[:, 3:6] = 1.0
+        boxes[0] = torch.tensor([12.0, 2.0, 0.75, 4.0, 1.8, 1.5, 0.1])
+        return scores, torch.zeros(self.k, dtype=torch.long), boxes
+
+
+def test_boxes_come_back_in_the_cloud_frame(small_model):
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6)
+    pipe._runner = FixedRunner(pipe.cfg.top_k)
+    d = pipe.detect(scene_points(height=1.6))
+    assert len(d) == 1 and d.boxes[0, 2] == pytest.approx(0.75 - 1.6, abs=1e-5)
+    assert d.boxes[0, 0] == pytest.approx(12.0) and d.boxes[0, 6] == pytest.approx(0.1)
+    # auto: the ground of this cloud is 1.1 m below the sensor
+    pipe.update(sensor_height="auto")
+    d = pipe.detect(scene_points(height=1.1))
+    assert d.sensor_height == pytest.approx(1.1, abs=0.05)
+    assert d.boxes[0, 2] == pytest.approx(0.75 - 1.1, abs=0.05)
+    # a known tilt: the box is rotated back into the tilted sensor frame
+    pipe.update(sensor_height=1.6, sensor_tilt=(3.0, 0.0))
+    d = pipe.detect(scene_points())
+    m = Mount.from_pitch_roll(1.6, 3.0, 0.0)
+    centre = m.rotation().T @ np.array([12.0, 2.0, 0.75 - 1.6])
+    assert np.allclose(d.boxes[0, :3], centre, atol=1e-4)
+
+
+def test_compile_failure_falls_back_to_eager(small_model, monkeypatch, caplog):
+    def broken(*a, **k):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with caplog.at_level(logging.WARNING):
+        pipe = DetectionPipeline(small_model, compile=True)
+    assert not pipe.compiled and "no compiler here" in pipe.compile_error
+    assert any("running the network eagerly" in r.message for r in caplog.records)
+    assert len(pipe.detect(scene_points()).timings_ms) == len(STAGES)
