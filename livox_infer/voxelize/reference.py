@@ -40,9 +40,10 @@ class ReferenceConstants:
         self.count_saturation = k["count_saturation"]
         self.count_lut = torch.from_numpy(grid.count_lut()).to(device)
         self.slice_bits = torch.arange(grid.n_height_slices, dtype=torch.int32, device=device)
-        # z level -> flat offset of its slice channel in the (C * n_cells) output.
-        slice_of_level = torch.arange(grid.z_levels, dtype=torch.int64, device=device) // grid.levels_per_slice
-        self.slice_channel_offset = (N_FIXED_CHANNELS + slice_of_level) * grid.n_cells
+        # z level + 1 -> flat offset of its slice channel in the (C * n_cells) output; covers the
+        # levels -1 and z_levels that invalid points may carry (their entries are never used).
+        slice_of_level = torch.arange(-1, grid.z_levels + 1, dtype=torch.int64, device=device).clamp(0, grid.z_levels - 1)
+        self.slice_channel_offset = (N_FIXED_CHANNELS + slice_of_level // grid.levels_per_slice) * grid.n_cells
 
     def tiled(self, n: int) -> dict[str, torch.Tensor]:
         """The per-column constants repeated for n <= TILED_ROWS_MAX rows, flat (4n,): same-shape
@@ -63,7 +64,8 @@ class ReferenceConstants:
 
 def quantize_points(points: torch.Tensor, c: ReferenceConstants):
     """Per point: flat cell index (int64; n_cells when the point is out of range or NaN),
-    z level and intensity level (int64, 0 for invalid points), and the validity mask.
+    z level and intensity level (int64; for invalid points anything in [-1, limit]), and the
+    validity mask.
 
     Same float32 sub / mul / compare / floor as kernel 1, done on whole (N, 4) rows (contiguous,
     so vectorised). The clamp to [-1, limit] changes no in-range value but keeps every float->int
@@ -85,7 +87,8 @@ def quantize_points(points: torch.Tensor, c: ReferenceConstants):
         valid = in_range.all(1)
     else:  # four bools of a row read as one int32: cheaper than a reduction over rows of 4
         valid = (in_range.view(torch.int32) == 0x01010101).view(n)
-    q = scaled.nan_to_num_(0.0).floor_().to(torch.int64).view(n, 4).mul_(valid.unsqueeze(1))
+    # Invalid rows keep their clamped levels in [-1, limit]: they only ever reach the trash cell.
+    q = scaled.nan_to_num_(0.0).floor_().to(torch.int64).view(n, 4)
     cell = torch.where(valid, q[:, 1] * c.width + q[:, 0], c.width * c.height)
     return cell, q[:, 2], q[:, 3], valid
 
@@ -97,7 +100,8 @@ def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceCon
     c = c or ReferenceConstants(grid, points.device)
     cell, zq64, iq, _ = quantize_points(points, c)
     zq = zq64.to(torch.int32)
-    zslice = zq64 // c.levels_per_slice
+    # (clamped: invalid points may carry levels -1 / z_levels; they land in the trash cell)
+    zslice = (zq64 // c.levels_per_slice).clamp_(0, grid.n_height_slices - 1)
     n1 = grid.n_cells + 1  # + trash cell for invalid points
     dev = points.device
     count = torch.zeros(n1, dtype=torch.int32, device=dev).index_add_(0, cell, torch.ones_like(zq))
@@ -212,7 +216,7 @@ def voxelize_reference(
     # Flat output with one trailing trash element that invalid points write their slice to.
     n_out = grid.n_channels * n_cells
     out = torch.zeros(n_out + 1, dtype=torch.float32, device=dev)
-    slice_index = torch.where(valid, c.slice_channel_offset.index_select(0, zq).add_(cell), n_out)
+    slice_index = torch.where(valid, c.slice_channel_offset.index_select(0, zq + 1).add_(cell), n_out)
     out.scatter_(0, slice_index, c.ones(n_points, torch.float32))
     out2d = out[:n_out].view(grid.n_channels, n_cells)
     for k, values in enumerate(channels):
