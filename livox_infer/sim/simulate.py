@@ -18,7 +18,7 @@ TAG_NORMAL, TAG_NOISE_HIGH, TAG_NOISE_MODERATE = 0, 1, 2
 SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene")
 FRAME_OPTIONS = (
     "sensor_height", "pitch_deg", "roll_deg", "yaw_deg", "period", "ego_speed", "range_noise", "dropout",
-    "mixed_edges", "false_alarm_rate", "max_box_range",
+    "mixed_edges", "false_alarm_rate", "max_box_range", "yaw_rate_dps", "deskew",
 )
 
 
@@ -86,16 +86,20 @@ def _mount(seed: int, sensor_height, pitch_deg, roll_deg, yaw_deg) -> tuple[floa
     return h, p, r, y
 
 
-def _draw_speed(seed: int, value) -> float:
-    """A speed (m/s), or a (low, high) range drawn from per seed (like the mount)."""
+def _draw_range(seed: int, value, name: str, lo: float, hi: float, salt: int) -> float:
+    """A value, or a (low, high) range drawn from once per seed (like the mount)."""
     if isinstance(value, (tuple, list)):
-        if len(value) != 2 or not (0 <= float(value[0]) <= float(value[1])):
-            raise ConfigError(f"ego_speed range must be (low, high) with 0 <= low <= high, got {value!r}")
-        return float(np.random.default_rng([int(seed), 4]).uniform(float(value[0]), float(value[1])))
+        if len(value) != 2 or not (lo <= float(value[0]) <= float(value[1]) <= hi):
+            raise ConfigError(f"{name} range must be (low, high) with {lo} <= low <= high <= {hi}, got {value!r}")
+        return float(np.random.default_rng([int(seed), salt]).uniform(float(value[0]), float(value[1])))
     v = float(value)
-    if not (0.0 <= v <= 70.0):
-        raise ConfigError(f"ego_speed {v} m/s out of range 0..70")
+    if not (lo <= v <= hi):
+        raise ConfigError(f"{name} {v} out of range {lo}..{hi}")
     return v
+
+
+def _draw_speed(seed: int, value) -> float:
+    return _draw_range(seed, value, "ego_speed", 0.0, 70.0, salt=4)
 
 
 def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_index: int = 0,
@@ -105,7 +109,9 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving.
     Frame options: sensor_height (m, default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
     (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, or a (low, high) range
-    drawn per seed; 0), range_noise (m,
+    drawn per seed; 0), yaw_rate_dps (vehicle turn rate, deg/s, or a range; 0), deskew (False: points in the
+    sensor frame at their own shot time, as the driver publishes them; True: motion-compensated into the
+    sensor frame at the frame start), range_noise (m,
     sensor default 0.02), dropout (0.01), mixed_edges (True), false_alarm_rate (1e-4),
     max_box_range (m, 200: objects further away get no box).
     """
@@ -119,6 +125,8 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     if not (0.001 <= period <= 10.0):
         raise ConfigError(f"period {period} s out of range 0.001..10")
     ego_speed = _draw_speed(seed, kw.get("ego_speed", 0.0))
+    yaw_rate = _draw_range(seed, kw.get("yaw_rate_dps", 0.0), "yaw_rate_dps", -120.0, 120.0, salt=5)
+    deskew = bool(kw.get("deskew", False))
     range_noise = float(kw.get("range_noise", sensor_model.range_noise))
     dropout = float(kw.get("dropout", 0.01))
     false_alarm = float(kw.get("false_alarm_rate", 1e-4))
@@ -132,14 +140,30 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
 
     # ---- sensor pose (world-from-sensor); the ego drives along +x in its lane
     t0 = int(frame_index) * period
-    heading = np.radians(yaw_off)
-    # the mount attitude is relative to the road surface the vehicle stands on
-    R = scn.ground_tilt @ rot_z(heading) @ rot_y(np.radians(pitch)) @ rot_x(np.radians(roll))
+    mount_yaw = np.radians(yaw_off)
+    omega = np.radians(yaw_rate)
+    att = rot_y(np.radians(pitch)) @ rot_x(np.radians(roll))
+
+    def vehicle_heading(t):
+        return omega * t
+
+    def sensor_rot(t: float) -> np.ndarray:
+        # the mount attitude is relative to the road surface the vehicle stands on
+        return scn.ground_tilt @ rot_z(vehicle_heading(t) + mount_yaw) @ att
 
     def ego_origin(t):
-        x = ego_speed * t
-        y = np.full_like(x, scn.ego_y)
+        # the vehicle drives along +x, on an arc when turning
+        t = np.asarray(t, dtype=np.float64)
+        if abs(omega) < 1e-9:
+            x, y = ego_speed * t, np.zeros_like(t)
+        else:
+            x = ego_speed / omega * np.sin(omega * t)
+            y = ego_speed / omega * (1.0 - np.cos(omega * t))
+        y = y + scn.ego_y
         return np.stack([x, y, scn.ground.height(x, y) + h], -1)
+
+    R = sensor_rot(t0)
+    heading = float(vehicle_heading(t0 + period / 2) + mount_yaw)
 
     # ---- shots
     rel_t, line, d_s = sensor_model.shots(int(frame_index), period, seed)
@@ -147,7 +171,14 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     sig = np.radians(sensor_model.angle_noise_deg)
     d_s = d_s + np.clip(rng.normal(0, sig, d_s.shape), -2 * sig, 2 * sig)
     d_s /= np.linalg.norm(d_s, axis=1, keepdims=True)
-    d_w = d_s @ R.T
+    if omega == 0.0:
+        d_w = d_s @ R.T
+    else:  # the sensor turns during the frame: rotate each shot by the heading at its time
+        d_a = d_s @ att.T
+        psi = vehicle_heading(t0 + rel_t) + mount_yaw
+        c, s_ = np.cos(psi), np.sin(psi)
+        d_r = np.stack([c * d_a[:, 0] - s_ * d_a[:, 1], s_ * d_a[:, 0] + c * d_a[:, 1], d_a[:, 2]], 1)
+        d_w = d_r @ scn.ground_tilt.T
     o_w = ego_origin(t0 + rel_t)
     prims, obj_pos, obj_rot = scn.primitives_at(t0)
     hits = cast_rays(o_w, d_w, prims, scn.ground, rng, heading=heading)
@@ -200,14 +231,18 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
         on_surface &= ~fa
     ok &= rng_out > 0
     pts = np.zeros((n, 4), np.float32)
-    pts[ok, :3] = (rng_out[ok, None] * d_s[ok]).astype(np.float32)
+    o0 = ego_origin(np.array([t0]))[0]
+    if deskew:  # motion-compensated output: every point in the sensor frame at the frame start
+        p_w = o_w[ok] + rng_out[ok, None] * d_w[ok]
+        pts[ok, :3] = ((p_w - o0) @ R).astype(np.float32)
+    else:  # as the driver publishes it: each point in the sensor frame at its own shot time
+        pts[ok, :3] = (rng_out[ok, None] * d_s[ok]).astype(np.float32)
     pts[ok, 3] = np.round(inten[ok]).astype(np.float32)
     tag = np.where(ok, tag, 0).astype(np.uint8)
     # guarantee zero rows are exactly the no-returns (a point could round to 0,0,0 only at the origin)
     inst_all = np.where(on_surface & (hits.prim >= 0), prims.instance[pi] if len(prims) else -1, -1)
 
     # ---- ground truth in the sensor frame at the frame start
-    o0 = ego_origin(np.array([t0]))[0]
     boxes, keep, vel_s = _ground_truth(scn, prims, obj_rot, o0, R)
     d0 = np.hypot(boxes[:, 0], boxes[:, 1]) if len(boxes) else np.zeros(0)
     kept_idx = np.nonzero(keep & (d0 <= max_box_range))[0]
