@@ -187,10 +187,10 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     t = hits.t
     hit = np.isfinite(t)
     is_ground = hits.prim == -1
-    pi = np.where(hits.prim >= 0, hits.prim, 0)
+    prim_idx = np.where(hits.prim >= 0, hits.prim, 0)
     hp = o_w + np.where(hit, t, 0.0)[:, None] * d_w
-    rho = np.where(is_ground, scn.ground.reflectance(hp[:, 0], hp[:, 1]), prims.reflect[pi] if len(prims) else 0.0)
-    retro = np.where(is_ground, False, prims.retro[pi] if len(prims) else False)
+    rho = np.where(is_ground, scn.ground.reflectance(hp[:, 0], hp[:, 1]), prims.reflect[prim_idx] if len(prims) else 0.0)
+    retro = np.where(is_ground, False, prims.retro[prim_idx] if len(prims) else False)
     cos_inc = np.clip(np.abs(np.einsum("ij,ij->i", hits.normal, d_w)), 1e-3, 1.0)
     # detection range: weak returns at grazing incidence die first (fitted to real Horizon ground range)
     rho_range = np.where(retro, 1.0, rho * np.sqrt(cos_inc))
@@ -216,7 +216,7 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     # reflectivity: Livox reports calibrated reflectivity (0-150 diffuse, 151-255 retro-reflective)
     diffuse = 150.0 * rho * cos_inc ** 0.2 / (1.0 + (rng_out / 300.0) ** 2)
     # foliage returns come from leaves filling part of the beam: weaker than a full surface
-    partial = np.where(is_ground, False, prims.volume_k[pi] > 0 if len(prims) else False)
+    partial = np.where(is_ground, False, prims.volume_k[prim_idx] > 0 if len(prims) else False)
     diffuse = np.where(partial, diffuse * rng.uniform(0.25, 0.7, n), diffuse)
     diffuse = diffuse * rng.lognormal(0.0, 0.3, n) + rng.normal(0, 1.0, n)
     retro_val = 151.0 + 104.0 * np.clip(rho * (0.6 + 0.4 * cos_inc) * rng.uniform(0.8, 1.5, n), 0, 1)  # often saturates
@@ -239,8 +239,9 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
         pts[ok, :3] = (rng_out[ok, None] * d_s[ok]).astype(np.float32)
     pts[ok, 3] = np.round(inten[ok]).astype(np.float32)
     tag = np.where(ok, tag, 0).astype(np.uint8)
-    # guarantee zero rows are exactly the no-returns (a point could round to 0,0,0 only at the origin)
-    inst_all = np.where(on_surface & (hits.prim >= 0), prims.instance[pi] if len(prims) else -1, -1)
+    # (0,0,0) rows are exactly the no-returns: a kept point has a positive range
+    on_surface &= ok
+    inst_all = np.where(on_surface & (hits.prim >= 0), prims.instance[prim_idx] if len(prims) else -1, -1)
 
     # ---- ground truth in the sensor frame at the frame start
     boxes, keep, vel_s = _ground_truth(scn, prims, obj_rot, o0, R)
