@@ -296,9 +296,8 @@ class DetectorNode(Node):
     def _on_set_parameters(self, params) -> SetParametersResult:
         candidate = dict(self._values)
         for p in params:
-            if p.name not in PARAM_SPECS:
-                return SetParametersResult(successful=False, reason=f"unknown parameter {p.name!r}")
-            candidate[p.name] = p.value
+            if p.name in PARAM_SPECS:  # others (use_sim_time, ...) belong to rclpy itself
+                candidate[p.name] = p.value
         reason = validate_params(candidate)
         if reason:
             self.get_logger().warning(f"rejected parameter change: {reason}")
@@ -581,8 +580,8 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)
             return 1
         executor = MultiThreadedExecutor(num_threads=2)
-        executor.add_node(node)
         try:
+            executor.add_node(node)
             executor.spin()
         except (KeyboardInterrupt, ExternalShutdownException):
             pass

@@ -243,6 +243,7 @@ def test_valid_parameter_changes_apply_in_place_or_rebuild(ros):
     assert factory.built[1].options["score_thresholds"]["car"] == 0.6  # earlier changes carried over
     assert publish_until(pub, cloud_msg(), dets)
     assert factory.built[1].calls and not first.calls
+    assert set_param(node, "use_sim_time", True).successful  # rclpy's own parameters pass through
 
 
 def test_diagnostics_report_backend_rates_and_latency(ros):
