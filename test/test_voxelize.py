@@ -143,16 +143,17 @@ def test_reused_reference_state_is_reset_after_each_frame():
 
 def test_kernel1_accumulators_equal_torch_accumulators():
     """Kernel 1 alone (no normalisation) against its plain-torch twin, incl. the device-side N
-    path used by CUDA-graph replay: points past N in the buffer must be ignored."""
+    path used by CUDA-graph replay (points past N in the buffer must be ignored) and the
+    grid-stride loop (fewer programs than blocks)."""
     points = torch.cat([clustered_cloud(9), random_cloud(2000, 10), edge_cloud()])
     n = points.shape[0]
     buffer = torch.cat([points, random_cloud(777, 11, margin=0.0)])  # stale points past N
     expected = accumulate_reference(points, GRID)
     k = GRID.kernel_constants()
-    for from_ptr in (False, True):
+    # (from_ptr, block, programs): 2 programs of 1024 lanes loop over the ~5k points (grid stride)
+    for from_ptr, block, programs in ((False, 8192, 1), (True, 8192, 1), (False, 1024, 2), (True, 1024, 3)):
         acc = new_accumulators(GRID, "cpu")
-        block = 4096
-        accumulate_kernel[(triton_cdiv(buffer.shape[0], block),)](
+        accumulate_kernel[(programs,)](
             buffer, n, torch.tensor([n], dtype=torch.int32), *acc.values(),
             k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
             k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
@@ -180,10 +181,6 @@ def test_kernel2_reference_normalises_kernel1_reference():
     c = ReferenceConstants(GRID)
     assert torch.equal(normalize_reference(accumulate_reference(points, GRID, c), GRID, c),
                        voxelize_reference(points, GRID, c))
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # -- semantics -----------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 ACCUMULATE_BLOCK = 8192 if INTERPRETING else 256
 NORMALIZE_BLOCK = 8192 if INTERPRETING else 512
+# Cap on kernel 1's programs (it loops over the rest): ~8 per SM on a 132-SM H200.
+ACCUMULATE_MAX_PROGRAMS = 1024
 
 
 @triton.jit
@@ -41,41 +43,44 @@ def accumulate_kernel(
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
     if N_FROM_PTR:
         n = tl.load(n_points_ptr)
     else:
         n = n_points
-    loaded = offs < n
-    base = offs * 4  # N <= 2**28 keeps this inside int32
-    nan = float("nan")  # masked-off lanes read NaN, which fails every range test below
-    x = tl.load(points_ptr + base, mask=loaded, other=nan)
-    y = tl.load(points_ptr + base + 1, mask=loaded, other=nan)
-    z = tl.load(points_ptr + base + 2, mask=loaded, other=nan)
-    intensity = tl.load(points_ptr + base + 3, mask=loaded, other=nan)
+    # Grid-stride loop: the launch is capped at a fixed number of programs, so a CUDA graph
+    # captured for a large capacity costs no more per frame than one sized for the actual N.
+    for block_start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = block_start + tl.arange(0, BLOCK)
+        loaded = offs < n
+        base = offs * 4  # N <= 2**28 keeps this inside int32
+        nan = float("nan")  # masked-off lanes read NaN, which fails every range test below
+        x = tl.load(points_ptr + base, mask=loaded, other=nan)
+        y = tl.load(points_ptr + base + 1, mask=loaded, other=nan)
+        z = tl.load(points_ptr + base + 2, mask=loaded, other=nan)
+        intensity = tl.load(points_ptr + base + 3, mask=loaded, other=nan)
 
-    fx = (x - x_min) * inv_cell
-    fy = (y - y_min) * inv_cell
-    fz = (z - z_min) * inv_z_quantum
-    valid = (fx >= 0.0) & (fx < width) & (fy >= 0.0) & (fy < height) & (fz >= 0.0) & (fz < z_levels)
-    valid = valid & (intensity == intensity) & loaded
-    # Zero before the float->int casts: an out-of-range value must never wrap into the grid.
-    ix = tl.floor(tl.where(valid, fx, 0.0)).to(tl.int32)
-    iy = tl.floor(tl.where(valid, fy, 0.0)).to(tl.int32)
-    zq = tl.floor(tl.where(valid, fz, 0.0)).to(tl.int32)
-    fi = tl.where(valid, intensity * intensity_mult, 0.0)
-    fi = tl.where(fi > 65535.0, 65535.0, fi)  # INTENSITY_LEVELS
-    fi = tl.where(fi < 0.0, 0.0, fi)
-    iq = tl.floor(fi).to(tl.int32)
-    cell = iy * width + ix
-    slice_bit = tl.full((BLOCK,), 1, tl.int32) << (zq // levels_per_slice)
+        fx = (x - x_min) * inv_cell
+        fy = (y - y_min) * inv_cell
+        fz = (z - z_min) * inv_z_quantum
+        valid = (fx >= 0.0) & (fx < width) & (fy >= 0.0) & (fy < height) & (fz >= 0.0) & (fz < z_levels)
+        valid = valid & (intensity == intensity) & loaded
+        # Zero before the float->int casts: an out-of-range value must never wrap into the grid.
+        ix = tl.floor(tl.where(valid, fx, 0.0)).to(tl.int32)
+        iy = tl.floor(tl.where(valid, fy, 0.0)).to(tl.int32)
+        zq = tl.floor(tl.where(valid, fz, 0.0)).to(tl.int32)
+        fi = tl.where(valid, intensity * intensity_mult, 0.0)
+        fi = tl.where(fi > 65535.0, 65535.0, fi)  # INTENSITY_LEVELS
+        fi = tl.where(fi < 0.0, 0.0, fi)
+        iq = tl.floor(fi).to(tl.int32)
+        cell = iy * width + ix
+        slice_bit = tl.full((BLOCK,), 1, tl.int32) << (zq // levels_per_slice)
 
-    tl.atomic_add(count_ptr + cell, tl.full((BLOCK,), 1, tl.int32), mask=valid, sem="relaxed")
-    tl.atomic_max(z_max_ptr + cell, zq, mask=valid, sem="relaxed")
-    tl.atomic_min(z_min_ptr + cell, zq, mask=valid, sem="relaxed")
-    tl.atomic_or(occupancy_ptr + cell, slice_bit, mask=valid, sem="relaxed")
-    tl.atomic_add(z_sum_ptr + cell, zq.to(tl.int64), mask=valid, sem="relaxed")
-    tl.atomic_add(intensity_sum_ptr + cell, iq.to(tl.int64), mask=valid, sem="relaxed")
+        tl.atomic_add(count_ptr + cell, tl.full((BLOCK,), 1, tl.int32), mask=valid, sem="relaxed")
+        tl.atomic_max(z_max_ptr + cell, zq, mask=valid, sem="relaxed")
+        tl.atomic_min(z_min_ptr + cell, zq, mask=valid, sem="relaxed")
+        tl.atomic_or(occupancy_ptr + cell, slice_bit, mask=valid, sem="relaxed")
+        tl.atomic_add(z_sum_ptr + cell, zq.to(tl.int64), mask=valid, sem="relaxed")
+        tl.atomic_add(intensity_sum_ptr + cell, iq.to(tl.int64), mask=valid, sem="relaxed")
 
 
 @triton.jit

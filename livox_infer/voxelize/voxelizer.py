@@ -28,6 +28,7 @@ from livox_infer.voxelize.reference import (
 )
 from livox_infer.voxelize.triton_kernels import (
     ACCUMULATE_BLOCK,
+    ACCUMULATE_MAX_PROGRAMS,
     ACCUMULATOR_NAMES,
     NORMALIZE_BLOCK,
     accumulate_kernel,
@@ -54,8 +55,9 @@ def launch_kernels(
     count, z_max, z_min, occupancy, z_sum, i_sum = acc.values() if isinstance(acc, dict) else acc
     n_cells = k["width"] * k["height"]
     if capacity > 0:
-        wrap(accumulate_kernel)[(triton.cdiv(capacity, ACCUMULATE_BLOCK),)](
-            points, n_points, count if n_points_ptr is None else n_points_ptr,
+        programs = min(triton.cdiv(capacity, ACCUMULATE_BLOCK), ACCUMULATE_MAX_PROGRAMS)
+        wrap(accumulate_kernel)[(programs,)](
+            points, n_points, count_lut if n_points_ptr is None else n_points_ptr,
             count, z_max, z_min, occupancy, z_sum, i_sum,
             k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
             k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
