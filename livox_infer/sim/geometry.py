@@ -16,6 +16,7 @@ candidate pairs (~1e5 per 24k-ray frame), not rays x primitives.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,6 +147,8 @@ class Ground:
 
     def detail(self, x, y):
         """Height above the plane (waviness + road crown) and its x/y slopes."""
+        if np.ndim(x) == 0 and np.ndim(y) == 0:
+            return self._detail_scalar(float(x), float(y))
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
         dz = np.zeros(np.broadcast(x, y).shape)
@@ -161,6 +164,22 @@ class Ground:
             yc = np.clip(y, -self.camber_half, self.camber_half)
             dz = dz - self.camber * yc * yc
             sy = sy - 2.0 * self.camber * yc * (np.abs(y) < self.camber_half)
+        return dz, sx, sy
+
+    def _detail_scalar(self, x: float, y: float) -> tuple[float, float, float]:
+        # scene building asks for single heights hundreds of times: plain floats are ~50x cheaper
+        dz = sx = sy = 0.0
+        for a, k, ph in zip(self.rough_amp.tolist(), self.rough_k.tolist(), self.rough_phase.tolist()):
+            arg = k[0] * x + k[1] * y + ph
+            dz += a * math.sin(arg)
+            c = a * math.cos(arg)
+            sx += c * k[0]
+            sy += c * k[1]
+        if self.camber > 0:
+            yc = min(max(y, -self.camber_half), self.camber_half)
+            dz -= self.camber * yc * yc
+            if abs(y) < self.camber_half:
+                sy -= 2.0 * self.camber * yc
         return dz, sx, sy
 
     def height(self, x, y):

@@ -496,16 +496,18 @@ class _Placer:
     """Footprint-circle collision checks for placing objects and clutter."""
 
     def __init__(self):
-        self.xy: list[tuple[float, float, float]] = []
+        self._xyr = np.zeros((64, 3))
+        self._n = 0
 
     def free(self, x: float, y: float, r: float) -> bool:
-        if not self.xy:
-            return True
-        a = np.asarray(self.xy)
-        return bool(np.all(np.hypot(a[:, 0] - x, a[:, 1] - y) > a[:, 2] + r))
+        a = self._xyr[: self._n]
+        return bool(np.all((a[:, 0] - x) ** 2 + (a[:, 1] - y) ** 2 > (a[:, 2] + r) ** 2))
 
     def take(self, x, y, r):
-        self.xy.append((float(x), float(y), float(r)))
+        if self._n == len(self._xyr):
+            self._xyr = np.concatenate([self._xyr, np.zeros_like(self._xyr)])
+        self._xyr[self._n] = (x, y, r)
+        self._n += 1
 
 
 def _object_radius(parts: Primitives) -> float:
