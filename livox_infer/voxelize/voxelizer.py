@@ -55,7 +55,8 @@ def launch_kernels(
     count, z_max, z_min, occupancy, z_sum, i_sum = acc.values() if isinstance(acc, dict) else acc
     n_cells = k["width"] * k["height"]
     if capacity > 0:
-        programs = min(triton.cdiv(capacity, ACCUMULATE_BLOCK), ACCUMULATE_MAX_PROGRAMS)
+        # sym_min: no guard on N under torch.compile's dynamic shapes
+        programs = torch.sym_min(triton.cdiv(capacity, ACCUMULATE_BLOCK), ACCUMULATE_MAX_PROGRAMS)
         wrap(accumulate_kernel)[(programs,)](
             points, n_points, count_lut if n_points_ptr is None else n_points_ptr,
             count, z_max, z_min, occupancy, z_sum, i_sum,
@@ -175,6 +176,13 @@ class Voxelizer(torch.nn.Module):
         points = check_points(points, self.device)
         if self.backend == "torch":
             return voxelize_reference(points, self.grid, self.reference_constants, self.reference_state())
+        if self.device.type == "cuda" and not torch.compiler.is_compiling():
+            # Triton launches on the current device; inductor sets the device itself when compiled.
+            with torch.cuda.device(self.device):
+                return self._fused(points)
+        return self._fused(points)
+
+    def _fused(self, points: torch.Tensor) -> torch.Tensor:
         k = self.constants
         return torch.ops.livox_infer.voxelize_fused(
             points, *self.accumulators().values(), self.count_lut,
@@ -203,14 +211,15 @@ class CudaGraphVoxelizer:
         self.points = torch.zeros((capacity, 4), dtype=torch.float32, device=dev)
         self.n_points = torch.zeros(1, dtype=torch.int32, device=dev)
         self.out = torch.empty(voxelizer.grid.shape, dtype=torch.float32, device=dev)
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # first launch compiles the kernels, outside the capture
-            self._launch()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._launch()
+        with torch.cuda.device(dev):
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # first launch compiles the kernels, outside the capture
+                self._launch()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._launch()
 
     def _launch(self) -> None:
         v = self.voxelizer
@@ -224,9 +233,10 @@ class CudaGraphVoxelizer:
         n = points.shape[0]
         if n > self.capacity:
             raise PointCloudError(f"{n} points exceed this CUDA graph's capacity of {self.capacity}")
-        self.points[:n].copy_(points, non_blocking=True)
-        self.n_points.fill_(n)
-        self.graph.replay()
+        with torch.cuda.device(self.voxelizer.device):
+            self.points[:n].copy_(points, non_blocking=True)
+            self.n_points.fill_(n)
+            self.graph.replay()
         return self.out
 
 
