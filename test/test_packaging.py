@@ -215,12 +215,22 @@ def test_venv_has_the_ros_layout():
 def test_setup_script_is_idempotent_and_fast():
     env = {**os.environ, "SKIP_APT": "1", "LIVOX_INFER_VENV": str(PREFIX)}
     env.pop("FORCE", None)
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[setup] ready" in proc.stdout
-    # Nothing to do: no pip install, no vision_msgs rebuild.
-    assert "pip install" not in proc.stdout and "[build_interfaces] building" not in proc.stdout, proc.stdout
+
+    def run_setup() -> str:
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[setup] ready" in proc.stdout
+        return proc.stdout
+
+    def did_work(out: str) -> bool:
+        return "pip install" in out or "[build_interfaces] building" in out
+
+    out = run_setup()
+    if did_work(out):  # the checkout changed since the last `make setup` (e.g. setup.py edited): catch up once
+        out = run_setup()
+    # Nothing left to do: no pip install, no interface rebuild.
+    assert not did_work(out), out
 
 
 # ------------------------------------------------------------------ vision_msgs
