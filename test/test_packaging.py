@@ -347,3 +347,28 @@ def test_ci_run_passes_make_test_status_and_rejects_no_tests(tmp_path: Path, mak
     proc = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == ci_rc
     assert (tmp_path / "make_args").read_text().strip() == "make test"
+
+
+@needs_setup_venv
+def test_interface_build_is_skipped_when_a_ros_install_provides_the_package(tmp_path: Path):
+    """A sourced ROS install's vision_msgs (here: a stand-in first on PYTHONPATH) wins; nothing is built."""
+    fake = tmp_path / "ros" / "vision_msgs" / "msg"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "ros"), "INTERFACES_BUILD_DIR": str(tmp_path / "build")}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build_interfaces.sh"), str(PREFIX), "vision_msgs"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"vision_msgs already provided by {fake.parent.resolve()}" in proc.stdout
+    assert not (tmp_path / "build").exists()
+
+
+def test_interface_build_rejects_an_unknown_package(tmp_path: Path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build_interfaces.sh"), str(venv), "no_such_msgs"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "unknown interface package 'no_such_msgs'" in proc.stderr
