@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from livox_infer.errors import BackendError, ConfigError, PointCloudError
+from livox_infer.model.boxes import axis_angle
 from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.model.network import build_model, fuse_batchnorm
@@ -45,7 +46,8 @@ STAGES = ("decode", "ground", "voxelize", "network", "postprocess", "total")
 
 @dataclass
 class Detections:
-    """Boxes (M, 7) f32 [x, y, z, l, w, h, yaw] in the input cloud's frame, labels (M,) int64 into
+    """Boxes (M, 7) f32 [x, y, z, l, w, h, yaw] in the input cloud's frame (yaw = box axis modulo pi, in
+    [-pi/2, pi/2): front and back are not distinguished), labels (M,) int64 into
     `class_names`, scores (M,) f32, label_names (M,) class name per box, timings_ms per stage
     (decode, ground (ground-plane estimate in "auto" mode), voxelize, network, postprocess, total)."""
 
@@ -337,6 +339,7 @@ class DetectionPipeline:
             scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"]
         )
         boxes_np = unlevel_boxes(boxes.cpu().numpy(), mount)
+        boxes_np[:, 6] = axis_angle(boxes_np[:, 6]).astype(np.float32)
         labels_np = labels.cpu().numpy().astype(np.int64)
         scores_np = scores.cpu().numpy().astype(np.float32)
         t4 = time.perf_counter()

@@ -98,7 +98,12 @@ def test_targets_decode_round_trip():
     s, l, b = select_detections(s[0], l[0], b[0], cfg.score_thresholds, cfg.nms_iou, 10)
     order = np.argsort(b[:, 0].numpy())
     ref = np.argsort(boxes[:, 0])
-    assert np.allclose(b.numpy()[order], boxes[ref], atol=1e-4)
+    got, want = b.numpy()[order], boxes[ref]
+    assert np.allclose(got[:, :6], want[:, :6], atol=1e-4)
+    # yaw is decoded as the box axis modulo pi, in [-pi/2, pi/2)
+    assert np.all((got[:, 6] >= -math.pi / 2) & (got[:, 6] < math.pi / 2))
+    assert np.allclose(np.sin(2 * got[:, 6]), np.sin(2 * want[:, 6]), atol=1e-4)
+    assert np.allclose(np.cos(2 * got[:, 6]), np.cos(2 * want[:, 6]), atol=1e-4)
     assert l.numpy()[order].tolist() == labels[ref].tolist()
     assert np.allclose(s.numpy(), 1.0, atol=1e-4)
 

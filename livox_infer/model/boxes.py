@@ -21,6 +21,13 @@ def wrap_angle(a: torch.Tensor) -> torch.Tensor:
     return torch.remainder(a + math.pi, 2 * math.pi) - math.pi
 
 
+def axis_angle(a):
+    """Box axis angle modulo pi, in [-pi/2, pi/2) (the model does not tell front from back)."""
+    return torch.remainder(a + math.pi / 2, math.pi) - math.pi / 2 if isinstance(a, torch.Tensor) else (
+        np.remainder(a + math.pi / 2, math.pi) - math.pi / 2
+    )
+
+
 def bev_corners(boxes: torch.Tensor) -> torch.Tensor:
     """(N, 7+) boxes -> (N, 4, 2) BEV corners, counter-clockwise."""
     x, y, l, w, yaw = boxes[:, 0], boxes[:, 1], boxes[:, 3], boxes[:, 4], boxes[:, 6]

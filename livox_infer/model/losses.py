@@ -26,7 +26,7 @@ def gather_regression(heads: dict[str, torch.Tensor], index: torch.Tensor) -> to
     return reg.gather(2, index[:, None, :].expand(b, c, index.shape[1])).permute(0, 2, 1)
 
 
-REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # off_x off_y z log_l log_w log_h sin cos
+REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # off_x off_y z log_l log_w log_h sin2yaw cos2yaw
 
 
 def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], reg_weight: float = 1.0):

@@ -2,7 +2,7 @@
 
 Input (B, C, H, W) from the voxelizer; output dict of head maps at 1/out_stride resolution:
 ``heatmap`` (B, K, h, w) logits, ``offset`` (B, 2, h, w) sub-cell x/y, ``z`` (B, 1, h, w) box
-centre height above ground (m), ``size`` (B, 3, h, w) log(l, w, h), ``yaw`` (B, 2, h, w) sin/cos.
+centre height above ground (m), ``size`` (B, 3, h, w) log(l, w, h), ``yaw`` (B, 2, h, w) sin/cos of twice the yaw (see targets.py).
 """
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ class BevDetector(nn.Module):
         self.laterals = nn.ModuleList(conv_bn(channels[i], cfg.neck_channels, k=1) for i in self.lateral_from)
         self.fuse = conv_bn(cfg.neck_channels, cfg.head_channels)
         self.heatmap = nn.Conv2d(cfg.head_channels, cfg.num_classes, 1)
-        self.regression = nn.Conv2d(cfg.head_channels, sum(HEAD_CHANNELS.values()), 1)
+        # the box regression gets its own 3x3 layer (CenterPoint-style task head); the heatmap reads the neck
+        self.regression = nn.Sequential(
+            conv_bn(cfg.head_channels, cfg.head_channels),
+            nn.Conv2d(cfg.head_channels, sum(HEAD_CHANNELS.values()), 1),
+        )
         nn.init.constant_(self.heatmap.bias, HEATMAP_PRIOR_BIAS)
-        nn.init.normal_(self.regression.weight, std=0.001)
-        nn.init.zeros_(self.regression.bias)
+        nn.init.normal_(self.regression[-1].weight, std=0.001)
+        nn.init.zeros_(self.regression[-1].bias)
 
     def forward(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.stem(bev)

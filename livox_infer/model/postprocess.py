@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from livox_infer.model.boxes import rotated_nms, wrap_angle
+from livox_infer.model.boxes import axis_angle, rotated_nms
 from livox_infer.model.config import ModelConfig
 from livox_infer.model.network import BevDetector
 from livox_infer.model.targets import decode_boxes
@@ -59,5 +59,5 @@ def select_detections(
     scores, labels, boxes = scores[keep], labels[keep], boxes[keep]
     idx = rotated_nms(boxes, scores, labels, list(nms_iou), max_detections)
     boxes = boxes[idx].clone()
-    boxes[:, 6] = wrap_angle(boxes[:, 6])
+    boxes[:, 6] = axis_angle(boxes[:, 6])
     return scores[idx], labels[idx], boxes

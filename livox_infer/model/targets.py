@@ -2,8 +2,11 @@
 
 Box encoding at a head cell (col, row) = floor of the box centre in head cells:
 offset = centre - (col, row) in head cells, z = box centre height above ground (m),
-size = log(l, w, h), yaw = (sin, cos). `decode_boxes` inverts it exactly, so
-boxes -> targets -> decode gives the boxes back (the round-trip test).
+size = log(l, w, h), yaw = (sin 2yaw, cos 2yaw). The doubled angle makes the target the same for a
+box and its 180-degree turned twin: from one lidar frame the front and back of a car are often
+indistinguishable, and regressing (sin, cos) of both would average to (0, 0), i.e. a random yaw.
+Decoded yaw is therefore the box axis modulo pi, in [-pi/2, pi/2). `decode_boxes` inverts the
+encoding (up to that), so boxes -> targets -> decode gives the boxes back (the round-trip test).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig) -> di
     """Targets for one frame. ``boxes`` (M, 7) with z relative to the ground (the voxelizer's frame).
 
     Returns heatmap (K, h, w) f32, index (max_objects,) int64 flat head-cell index, mask
-    (max_objects,) f32, regression (max_objects, 8) f32 [off_x, off_y, z, log l, log w, log h, sin, cos],
+    (max_objects,) f32, regression (max_objects, 8) f32 [off_x, off_y, z, log l, log w, log h, sin 2yaw, cos 2yaw],
     label (max_objects,) int64. Boxes whose centre lies outside the grid get no target.
     """
     hh, hw = cfg.head_shape
@@ -90,7 +93,7 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig) -> di
         index[n] = flat
         mask[n] = 1.0
         lab[n] = c
-        reg[n] = (u - col, v - row, z, math.log(l), math.log(w), math.log(h), math.sin(yaw), math.cos(yaw))
+        reg[n] = (u - col, v - row, z, math.log(l), math.log(w), math.log(h), math.sin(2 * yaw), math.cos(2 * yaw))
         n += 1
     return {"heatmap": heatmap, "index": index, "mask": mask, "regression": reg, "label": lab}
 
@@ -101,10 +104,10 @@ def decode_boxes(
 ) -> torch.Tensor:
     """Head values at cells -> (..., 7) boxes in the voxelizer frame (z above ground).
 
-    col/row (...), offset (..., 2), z (...), log_size (..., 3), yaw_sc (..., 2) as [sin, cos]."""
+    col/row (...), offset (..., 2), z (...), log_size (..., 3), yaw_sc (..., 2) as [sin 2yaw, cos 2yaw]."""
     cell = cfg.head_cell_size
     x = (col.to(offset.dtype) + offset[..., 0]) * cell + cfg.grid.x_range[0]
     y = (row.to(offset.dtype) + offset[..., 1]) * cell + cfg.grid.y_range[0]
     size = torch.exp(log_size.clamp(LOG_SIZE_MIN, LOG_SIZE_MAX))
-    yaw = torch.atan2(yaw_sc[..., 0], yaw_sc[..., 1])
+    yaw = 0.5 * torch.atan2(yaw_sc[..., 0], yaw_sc[..., 1])
     return torch.stack([x, y, z, size[..., 0], size[..., 1], size[..., 2], yaw], dim=-1)

@@ -352,6 +352,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
+    p.add_argument("--init", default=None, help="start from these weights (same config) instead of random")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
@@ -390,6 +391,11 @@ def _train(args: argparse.Namespace) -> int:
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
+    if args.init:
+        from livox_infer.model.weights import load_weights
+
+        load_weights(net, cfg, args.init, map_location=str(device))
+        log.info("initialised from %s", args.init)
     if args.resume and ckpt.is_file():
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
