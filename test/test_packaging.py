@@ -372,3 +372,61 @@ def test_interface_build_rejects_an_unknown_package(tmp_path: Path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "unknown interface package 'no_such_msgs'" in proc.stderr
+
+
+@needs_setup_venv
+@pytest.mark.ros
+def test_detector_node_from_the_venv_layout_turns_custom_msg_into_detections():
+    """The pip entry `ros2 run` uses (<venv>/lib/livox_infer/detector_node) starts the node, which takes a
+    livox_ros_driver2/CustomMsg and answers with a vision_msgs/Detection3DArray: both packages built here."""
+    import signal
+
+    rclpy = pytest.importorskip("rclpy")
+    import rclpy.executors
+    from livox_ros_driver2.msg import CustomMsg, CustomPoint
+    from vision_msgs.msg import Detection3DArray
+
+    name = f"pkgtest_detector_{os.getpid()}"
+    cmd = [str(PREFIX / "lib" / "livox_infer" / "detector_node"), "--ros-args", "-r", f"__node:={name}",
+           "-p", "input_type:=custom_msg", "-p", f"input_topic:=/{name}/custom", "-p", "use_compile:=false",
+           "-p", "device:=cpu", "-p", "publish_markers:=false"]
+    node_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        node = rclpy.create_node("pkgtest_driver", context=context)
+        received: list = []
+        node.create_subscription(Detection3DArray, f"/{name}/detections", received.append, 5)
+        pub = node.create_publisher(CustomMsg, f"/{name}/custom", 5)
+        msg = CustomMsg()
+        msg.header.frame_id = "pkgtest_frame"
+        rng = __import__("numpy").random.default_rng(0)
+        xyz = rng.uniform([2.0, -10.0, -1.5], [40.0, 10.0, 1.0], size=(2000, 3)).astype("float32")
+        for i, (x, y, z) in enumerate(xyz):
+            msg.points.append(CustomPoint(offset_time=i * 50, x=float(x), y=float(y), z=float(z),
+                                          reflectivity=40, tag=0, line=i % 6))
+        msg.point_num = len(msg.points)
+        executor = rclpy.executors.SingleThreadedExecutor(context=context)
+        executor.add_node(node)
+        deadline = time.monotonic() + 120.0
+        next_publish = 0.0
+        while not received and time.monotonic() < deadline and node_proc.poll() is None:
+            if time.monotonic() >= next_publish:
+                pub.publish(msg)
+                next_publish = time.monotonic() + 0.5
+            executor.spin_once(timeout_sec=0.1)
+        assert node_proc.poll() is None, f"detector_node exited early:\n{node_proc.communicate()[0]}"
+        assert received, "no Detection3DArray from detector_node within 120 s"
+        assert received[0].header.frame_id == "pkgtest_frame"
+        executor.shutdown()
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+        if node_proc.poll() is None:
+            node_proc.send_signal(signal.SIGINT)
+        try:
+            out = node_proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            node_proc.kill()
+            out = node_proc.communicate()[0]
+    assert node_proc.returncode == 0, out
