@@ -218,8 +218,9 @@ def build_pedestrian(rng: np.random.Generator) -> Primitives:
     return b.build()
 
 
-def build_cyclist(rng: np.random.Generator) -> Primitives:
-    """Bicycle (wheels mostly spokes, thin frame, handlebar) with a rider leaning forward."""
+def build_cyclist(rng: np.random.Generator, rider: bool = True) -> Primitives:
+    """Bicycle (wheels mostly spokes, thin frame, handlebar) with a rider leaning forward.
+    ``rider=False`` gives a parked bicycle (not a 'cyclist': used as unlabelled clutter)."""
     b = PrimitiveBuilder()
     rw = float(rng.uniform(0.33, 0.36))
     wb = float(rng.uniform(0.98, 1.12))
@@ -253,6 +254,9 @@ def build_cyclist(rng: np.random.Generator) -> Primitives:
     tube((fx, 0, rw), head, 0.018, frame)  # fork
     bar_half = float(rng.uniform(0.24, 0.34))
     b.add(CYLINDER, bar, (0.015, 0.015, bar_half), rot_x(np.pi / 2), reflect=0.2)
+    if not rider:
+        b.add(BOX, seat + np.array([0.0, 0.0, 0.03]), (0.13, 0.07, 0.03), reflect=0.1)  # saddle
+        return b.build()
     # rider
     cloth = float(rng.uniform(0.05, 0.45))
     trousers = float(rng.uniform(0.08, 0.45))
@@ -417,9 +421,26 @@ def _add_large_vehicle(b: PrimitiveBuilder, rng, x, y, z0, yaw) -> float:
     return float(np.hypot(length, w) / 2)
 
 
+def _place_parts(b: PrimitiveBuilder, parts: Primitives, x: float, y: float, z0: float, yaw: float) -> None:
+    """Add an object's parts (object frame) to the background at a pose."""
+    R = rot_z(yaw)
+    centers = parts.center @ R.T + np.array([x, y, z0])
+    for i in range(len(parts)):
+        b.add(int(parts.kind[i]), centers[i], parts.half[i], R @ parts.rot[i], reflect=float(parts.reflect[i]),
+              retro=bool(parts.retro[i]), hit_prob=float(parts.hit_prob[i]), volume_k=float(parts.volume_k[i]))
+
+
 def _add_clutter(b: PrimitiveBuilder, rng, x, y, z0, yaw):
     u = rng.random()
     R = rot_z(yaw)
+    if u < 0.1:  # parked bicycles side by side: a bicycle without a rider is not a cyclist
+        n = int(rng.integers(1, 4))
+        for k in range(n):
+            off = (k - (n - 1) / 2) * 0.6
+            _place_parts(b, build_cyclist(rng, rider=False), x - np.sin(yaw) * off, y + np.cos(yaw) * off, z0,
+                         yaw + float(rng.normal(0, 0.1)))
+        return
+    u = rng.random()
     if u < 0.25:  # wheelie bin
         b.add(BOX, (x, y, z0 + 0.53), (0.3, 0.3, 0.53), R, reflect=float(rng.uniform(0.05, 0.4)))
     elif u < 0.4:  # round litter bin / bollard
