@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -76,14 +77,16 @@ def _grid_for(model: str | None, device: torch.device) -> tuple[str, GridConfig]
 # -- timing -----------------------------------------------------------------------------------------
 
 def _time_round_robin(fns: dict[str, Callable[[], object]], repeat: int, warmup: int, max_seconds: float,
-                      cuda: bool) -> dict[str, float]:
-    """Median milliseconds per call of each function."""
+                      cuda: bool) -> dict[str, tuple[float, float | None]]:
+    """Median milliseconds per call of each function: (wall or CUDA-event latency, process CPU time;
+    None on GPU). On a CPU shared with other jobs the CPU time is the steadier figure: wall time
+    also counts the waits for a free core."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     if cuda:
         torch.cuda.synchronize()
-    # Repeats capped by time: estimate from one call of the slowest method.
+    # Repeats capped by time: estimate from one call of each method.
     t0 = time.perf_counter()
     for fn in fns.values():
         fn()
@@ -91,7 +94,8 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeat: int, warmup:
         torch.cuda.synchronize()
     per_round = max(time.perf_counter() - t0, 1e-6)
     repeat = max(3, min(repeat, int(max_seconds / per_round)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
             if cuda:
@@ -100,12 +104,13 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeat: int, warmup:
                 fn()
                 end.record()
                 end.synchronize()
-                samples[name].append(start.elapsed_time(end))
+                wall[name].append(start.elapsed_time(end))
             else:
-                t = time.perf_counter()
+                c, t = time.process_time(), time.perf_counter()
                 fn()
-                samples[name].append((time.perf_counter() - t) * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
+                wall[name].append((time.perf_counter() - t) * 1e3)
+                cpu[name].append((time.process_time() - c) * 1e3)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k]) if cpu[k] else None) for k in fns}
 
 
 def _fmt_ms(ms: float | None) -> str:
@@ -128,7 +133,15 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} torch threads"
     print(f"voxelize benchmark on {name}; grid '{model}' {grid.shape} (C, H, W); "
           f"torch {torch.__version__}; median of up to {args.repeat} calls")
-    header = ["points", "voxelizer"] + (["op"] if cuda else []) + ["eager ref", "compiled ref", "x eager", "x compiled"]
+    if cuda:
+        print("times: CUDA-event latency per call; voxelizer = CUDA-graph replay incl. the points copy, "
+              "op = custom-op call (two launches from Python)")
+        header = ["points", "voxelizer", "op", "eager ref", "compiled ref", "x eager", "x compiled"]
+    else:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"times: wall / process CPU time per call, speed-ups from CPU time; load average {load:.1f} "
+              f"on {os.cpu_count()} cores")
+        header = ["points", "voxelizer", "(cpu)", "eager ref", "(cpu)", "compiled ref", "(cpu)", "x eager", "x compiled"]
     print(" ".join(f"{h:>12}" for h in header))
     for n in sizes:
         points = livox_like_points(n, grid, args.seed).to(device)
@@ -144,10 +157,16 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
                 print(f"  (torch.compile of the reference took {time.perf_counter() - t:.1f} s)")
             fns["compiled"] = lambda: compiled_ref(points)
         ms = _time_round_robin(fns, args.repeat, args.warmup, args.max_seconds, cuda)
-        v = ms["voxelizer"]
-        row = [f"{n:>12,}", _fmt_ms(v)] + ([_fmt_ms(ms["op"])] if cuda else [])
-        row += [_fmt_ms(ms["eager"]), _fmt_ms(ms.get("compiled"))]
-        row += [f"{ms['eager'] / v:11.1f}x", f"{ms['compiled'] / v:11.1f}x" if "compiled" in ms else f"{'-':>12}"]
+        key = 0 if cuda else 1  # speed-ups from latency on GPU, from CPU time on CPU
+        v = ms["voxelizer"][key]
+        row = [f"{n:>12,}"]
+        for name in (["voxelizer", "op", "eager", "compiled"] if cuda else ["voxelizer", "eager", "compiled"]):
+            wall_ms, cpu_ms = ms.get(name, (None, None))
+            row.append(_fmt_ms(wall_ms))
+            if not cuda:
+                row.append(_fmt_ms(cpu_ms))
+        for name in ("eager", "compiled"):
+            row.append(f"{ms[name][key] / v:11.1f}x" if name in ms else f"{'-':>12}")
         print(" ".join(f"{c:>12}" for c in row))
         sys.stdout.flush()
 
