@@ -105,6 +105,22 @@ def test_venv_matches_the_pins():
     assert not wrong, "venv differs from requirements (rerun `make setup`):\n" + "\n".join(wrong)
 
 
+@needs_setup_venv
+def test_every_installed_distribution_is_pinned():
+    """A package installed by hand works here but not in CI's fresh venv: it must be pinned first."""
+    lines = _requirement_lines("requirements.txt") + _requirement_lines("requirements-ros-build.txt")
+    pinned = {line.split("==")[0] for line in lines}
+    unpinned = []
+    for dist in metadata.distributions():
+        if str(getattr(dist, "_path", "")).endswith(".egg-info"):
+            continue  # metadata shipped inside the ROS wheels / the interface builds, not installable by name
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        if name not in pinned | {"pip", "setuptools", "wheel", "livox-infer"}:
+            unpinned.append(f"{name}=={dist.version}")
+    assert not unpinned, ("installed but not in requirements*.txt (add the pin, or pip uninstall): "
+                          + ", ".join(sorted(unpinned)))
+
+
 # ------------------------------------------------------------------ pip wheel layout
 @pytest.fixture(scope="module")
 def pip_prefix(tmp_path_factory) -> Path:
