@@ -11,8 +11,9 @@ export LIVOX_INFER_VENV := $(abspath $(VENV))
 setup:
 	bash scripts/setup.sh
 
+# pytest exit 5 = no tests collected: a failure here (make then exits 2), never a silent pass.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 demo: setup
 	$(PY) -m livox_infer.demo

@@ -446,3 +446,25 @@ def test_detector_node_from_the_venv_layout_turns_custom_msg_into_detections():
             node_proc.kill()
             out = node_proc.communicate()[0]
     assert node_proc.returncode == 0, out
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+@pytest.mark.parametrize("pytest_rc, passes", [(0, True), (5, False), (1, False)])
+def test_ci_run_through_the_real_makefile(tmp_path: Path, pytest_rc: int, passes: bool):
+    """.ci/run -> make test -> pytest: a pytest failure or 'no tests collected' (5) fails CI."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / "scripts").mkdir()
+    shutil.copy2(REPO / ".ci" / "run", repo / ".ci" / "run")
+    shutil.copy2(REPO / "Makefile", repo / "Makefile")
+    (repo / "scripts" / "setup.sh").write_text("echo stub-setup\n")
+    fake_python = repo / ".venv" / "bin" / "python"
+    fake_python.parent.mkdir(parents=True)
+    fake_python.write_text(f'#!/bin/sh\necho "python $*"\nexit {pytest_rc}\n')
+    fake_python.chmod(0o755)
+    proc = subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MAKEFLAGS": ""})
+    assert "stub-setup" in proc.stdout and "python -m pytest -q" in proc.stdout
+    assert (proc.returncode == 0) == passes, proc.stdout + proc.stderr
+    if pytest_rc == 5:
+        assert "collected no tests" in proc.stderr
