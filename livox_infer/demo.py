@@ -32,6 +32,7 @@ MATCH_DISTANCE_M = {"car": 2.0, "pedestrian": 1.0, "cyclist": 1.5}
 class FrameResult:
     stamp_ns: int
     gt_names: list[str]
+    gt_boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 7), np.float32))
     det_names: list[str] = field(default_factory=list)
     processed: bool = False
     matches: list[tuple[int, int, float, float]] = field(default_factory=list)  # (det, gt, dist, iou)
@@ -232,7 +233,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     best = None
     for stamp, g in sorted(gt.items()):
         names = [CLASS_NAMES[i] for i in g.labels]
-        fr = FrameResult(stamp, names)
+        fr = FrameResult(stamp, names, np.asarray(g.boxes))
         if stamp in received:
             t_recv, msg = received[stamp]
             d = msg_to_arrays(msg)
