@@ -118,7 +118,8 @@ build_interfaces() {
 }
 
 check_environment() {
-    "$VENV/bin/python" - <<'EOF' || die "the venv does not import what livox_infer needs (see above)"
+    # From / so that livox_infer must come from the install, not from the current directory.
+    (cd / && "$VENV/bin/python" - <<'EOF') || die "the venv does not import what livox_infer needs (see above)"
 import importlib
 for name in ("torch", "triton", "numpy", "rosbags", "safetensors", "yaml", "rclpy", "sensor_msgs.msg",
              "visualization_msgs.msg", "diagnostic_msgs.msg", "vision_msgs.msg", "livox_ros_driver2.msg",
