@@ -147,9 +147,18 @@ def build_car(rng: np.random.Generator, kind: str | None = None) -> Primitives:
     slant_f = min(0.7 * gh, 0.5) if kind != "van" else 0.25 * gh
     slant_r = min(0.5 * gh, 0.35) if kind in ("sedan",) else 0.12 * gh
     cw = W / 2 - 0.08
-    # vertical glass block between the slanted screens
     g0, g1 = c_rear + slant_r, c_front - slant_f
-    b.add(RBOX, ((g0 + g1) / 2, 0, belt + gh / 2), ((g1 - g0) / 2, cw, gh / 2), reflect=0.08, hit_prob=0.3)
+    # side windows lean inwards (tumblehome): separate near and far panes, so a ray can pass the near
+    # window, miss the seats and still return from the far one
+    tumble = float(rng.uniform(0.08, 0.16))
+    lean = np.arctan2(tumble, gh)
+    pane = float(np.hypot(tumble, gh))
+    for side in (1.0, -1.0):
+        centre = ((g0 + g1) / 2, side * (cw - tumble / 2), belt + gh / 2)
+        b.add(BOX, centre, ((g1 - g0) / 2 + 0.02, 0.012, pane / 2), rot_x(side * lean), reflect=0.08, hit_prob=0.3)
+        # B-pillar: a solid strip in the middle of the side glass, just outside it
+        b.add(BOX, (centre[0], side * (cw - tumble / 2 + 0.015), centre[2]), (0.05, 0.012, pane / 2),
+              rot_x(side * lean), reflect=paint)
     # windscreen and rear window: thin slanted glass panels
     for x_lo, x_hi, sign in ((g1, c_front, 1.0), (c_rear, g0, -1.0)):
         run = x_hi - x_lo
@@ -157,10 +166,10 @@ def build_car(rng: np.random.Generator, kind: str | None = None) -> Primitives:
             continue
         length = float(np.hypot(run, gh))
         ang = np.arctan2(run, gh) * sign  # tilt about y (top leans back)
-        b.add(BOX, ((x_lo + x_hi) / 2, 0, belt + gh / 2), (0.015, cw - 0.04, length / 2),
+        b.add(BOX, ((x_lo + x_hi) / 2, 0, belt + gh / 2), (0.015, cw - tumble / 2 - 0.02, length / 2),
               rot_y(-ang), reflect=0.08, hit_prob=0.35)
     # roof
-    b.add(RBOX, ((g0 + g1) / 2, 0, H - roof_t / 2), ((g1 - g0) / 2 + 0.05, cw, roof_t / 2), reflect=paint)
+    b.add(RBOX, ((g0 + g1) / 2, 0, H - roof_t / 2), ((g1 - g0) / 2 + 0.05, cw - tumble, roof_t / 2), reflect=paint)
     # interior: seats and dashboard seen through the glass
     b.add(BOX, ((g0 + g1) / 2, 0, belt + 0.15), (max((g1 - g0) / 2, 0.3), cw - 0.12, 0.3), reflect=0.12)
     # wheels (tyres are dark); axis along the car's y
