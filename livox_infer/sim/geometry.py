@@ -109,6 +109,9 @@ _EYE = np.eye(3)
 
 
 def rot_z(yaw: float | np.ndarray) -> np.ndarray:
+    if np.ndim(yaw) == 0:
+        c, s = math.cos(yaw), math.sin(yaw)
+        return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
     c, s = np.cos(yaw), np.sin(yaw)
     z, o = np.zeros_like(c), np.ones_like(c)
     return np.stack([np.stack([c, -s, z], -1), np.stack([s, c, z], -1), np.stack([z, z, o], -1)], -2)

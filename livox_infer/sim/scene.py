@@ -310,6 +310,8 @@ def build_cyclist(rng: np.random.Generator, rider: bool = True) -> Primitives:
 
 
 BUILDERS = {CAR: build_car, PEDESTRIAN: build_pedestrian, CYCLIST: build_cyclist}
+# upper bounds of the footprint radius each builder can produce (m), for cheap placement checks
+MAX_RADIUS = {CAR: 3.0, PEDESTRIAN: 0.75, CYCLIST: 1.15}
 
 
 def parts_extent(parts: Primitives, axes: np.ndarray) -> np.ndarray:
@@ -658,11 +660,13 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
 
     oid = 0
 
-    def add_object(label, parts, x, y, yaw, vel, on_walk):
+    def add_object(label, x, y, yaw, vel, on_walk):
         nonlocal oid
-        r = _object_radius(parts)
-        if not placer.free(x, y, r):
+        # cheap check with the largest footprint of the class before building the parts
+        if not placer.free(x, y, MAX_RADIUS[label]):
             return False
+        parts = BUILDERS[label](rng)
+        r = _object_radius(parts)
         # on the road: the detailed surface (crown); sidewalks are flat slabs over the plane
         z = ground.plane(x, y) + curb_h if on_walk else float(ground.height(x, y))
         objects.append(SceneObject(label, parts, np.array([x, y, z]), float(yaw), np.asarray(vel, float), oid))
@@ -699,7 +703,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             continue
         yaw = (0.0 if side < 0 else np.pi) if rng.random() < 0.85 else float(rng.uniform(0, 2 * np.pi))
         yaw += float(rng.normal(0, 0.04))
-        if add_object(CAR, build_car(rng), x, y, yaw, (0, 0), on_walk):
+        if add_object(CAR, x, y, yaw, (0, 0), on_walk):
             n_parked -= 1
     # moving cars in lanes (right-hand traffic: +x on the right half, -x on the left)
     tries = 0
@@ -714,7 +718,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if abs(y - ego_y) < lane_w / 2 and x > 0:
             speed = float(ego_speed) if moving else 0.0  # same lane ahead: keeps its gap to the ego
         vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
-        if add_object(CAR, build_car(rng), x, y, yaw, vel, False):
+        if add_object(CAR, x, y, yaw, vel, False):
             n_moving_cars -= 1
     # pedestrians on sidewalks (some crossing)
     n_p = n_peds if n_peds is not None else int(rng.integers(3, 15))
@@ -737,7 +741,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             continue
         speed = float(rng.uniform(0.8, 1.8)) if (moving and rng.random() < 0.7) else 0.0
         vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
-        if add_object(PEDESTRIAN, build_pedestrian(rng), x, y, yaw, vel, on_walk):
+        if add_object(PEDESTRIAN, x, y, yaw, vel, on_walk):
             n_p -= 1
     # cyclists near the right road edge (and some on the left, against our direction)
     n_c = n_cyc if n_cyc is not None else int(rng.integers(1, 6))
@@ -754,7 +758,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         vel = speed * np.array([np.cos(yaw), np.sin(yaw)])
         if abs(y - ego_y) < 1.5 and x > -5:
             continue
-        if add_object(CYCLIST, build_cyclist(rng), x, y, yaw, vel, False):
+        if add_object(CYCLIST, x, y, yaw, vel, False):
             n_c -= 1
     return Scene("street", int(seed), ground, b.build(), objects, ego_y, tilt, (x_lo, x_hi))
 
