@@ -300,3 +300,26 @@ def test_custom_msg_input(ros):
     deliver(pub, bad, node)
     assert wait_for(lambda: node.stats.rejected == 1)
     assert publish_until(pub, msg, dets, count=len(dets.msgs) + 1)
+
+
+def test_parameter_changes_over_the_parameter_service(ros):
+    """What `ros2 param set` does: the SetParameters service of the node, from another node."""
+    from rcl_interfaces.srv import SetParameters
+
+    node, _, _, _, factory = start_node(ros)
+    client_node = ros.node(unique("param_client"))
+    client = client_node.create_client(SetParameters, f"{node.get_fully_qualified_name()}/set_parameters")
+    assert client.wait_for_service(timeout_sec=5)
+
+    def call(name, value):
+        req = SetParameters.Request(parameters=[Parameter(name, value=value).to_parameter_msg()])
+        fut = client.call_async(req)
+        assert wait_for(fut.done, timeout_s=5)
+        return fut.result().results[0]
+
+    bad = call("roi_z_min", 10.0)
+    assert not bad.successful and "roi_z_min" in bad.reason
+    assert node.get_parameter("roi_z_min").value == node._values["roi_z_min"] != 10.0
+    good = call("tag_filter", "strict")
+    assert good.successful and node.get_parameter("tag_filter").value == "strict"
+    assert factory.built[0].updates[-1] == {"tag_filter": "strict"}
