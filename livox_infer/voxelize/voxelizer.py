@@ -11,6 +11,7 @@ torch.compile), which gives bit-identical results.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -143,8 +144,8 @@ class Voxelizer(torch.nn.Module):
 
     backend "triton" runs the fused kernels (the default on GPU; on CPU only under
     TRITON_INTERPRET=1, for tests), "torch" the plain-torch reference (the default on CPU).
-    The accumulators are buffers in their reset state between calls; one Voxelizer must not be
-    used from two CUDA streams at once.
+    The accumulators are buffers in their reset state between calls, so one Voxelizer must not
+    be called from two threads or CUDA streams at once (`voxelize()` serialises its cached ones).
     """
 
     def __init__(self, grid: GridConfig, device: torch.device | str | None = "auto", backend: str = "auto") -> None:
@@ -241,8 +242,9 @@ class CudaGraphVoxelizer:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_voxelizer(grid: GridConfig, device: str) -> Voxelizer:
-    return Voxelizer(grid, device)
+def _cached_voxelizer(grid: GridConfig, device: str) -> tuple[Voxelizer, threading.Lock]:
+    # The lock keeps two threads' kernel pairs from interleaving on the shared accumulators.
+    return Voxelizer(grid, device), threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)
@@ -265,5 +267,7 @@ def voxelize(points: torch.Tensor | np.ndarray, grid: GridConfig, backend: str =
                 "voxelize(backend='cuda') needs a GPU, but torch sees none (torch.cuda.is_available() is "
                 "False); use backend='cpu' or 'auto'"
             )
-        return _cached_voxelizer(grid, f"cuda:{torch.cuda.current_device()}")(points)
+        voxelizer, lock = _cached_voxelizer(grid, f"cuda:{torch.cuda.current_device()}")
+        with lock:  # (kernels run in stream order, so enqueueing both under the lock suffices)
+            return voxelizer(points)
     raise BackendError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'cuda'")
