@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-pedestrians", type=int, default=None)
     p.add_argument("--n-cyclists", type=int, default=None)
     p.add_argument("--clutter", type=float, default=None, help="background density multiplier (default 1)")
+    p.add_argument("--yaw-rate", type=float, default=0.0, help="ego turn rate, deg/s (the road stays straight)")
+    p.add_argument("--deskew", action="store_true",
+                   help="motion-compensate each frame into the sensor frame at its start (as SLAM outputs)")
 
 
 def write_bag(args: argparse.Namespace) -> dict:
@@ -53,7 +56,7 @@ def write_bag(args: argparse.Namespace) -> dict:
         raise LivoxInferError("--frames must be >= 1")
     scene_opts = {k: v for k, v in (("n_cars", args.n_cars), ("n_pedestrians", args.n_pedestrians),
                                      ("n_cyclists", args.n_cyclists), ("clutter", args.clutter)) if v is not None}
-    frame_opts = {"period": args.period}
+    frame_opts = {"period": args.period, "yaw_rate_dps": args.yaw_rate, "deskew": args.deskew}
     if args.sensor_height is not None:
         frame_opts["sensor_height"] = args.sensor_height
     # validate everything before the bag directory is created; frames are simulated as they are written
