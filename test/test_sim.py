@@ -261,3 +261,12 @@ def test_deskew_and_turning():
     assert np.abs(az_raw).max() <= SENSORS["horizon"].max_abs_az_deg + 1e-6
     assert az_desk.max() > SENSORS["horizon"].max_abs_az_deg + 15  # turned left by 27 deg
     np.testing.assert_array_equal(raw.boxes, desk.boxes)
+
+
+def test_bench_prints_a_row_per_sensor_and_mode(capsys):
+    from livox_infer.sim import bench
+
+    assert bench.main(["--scenes", "1", "--sensors", "mid40", "mid70", "--modes", "open"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1], int(r[2])) for r in rows] == [("open", "mid40", 10000), ("open", "mid70", 10000)]
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
