@@ -154,7 +154,8 @@ def simulate_bag(bag: Path, sensor: str, frames: int, seed: int, sensor_height: 
 
 def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int = 20, seed: int = 7,
              rate: float = 1.0, device: str = "auto", use_compile: bool = False, pipeline_factory=None,
-             bev: bool = True, quiet: bool = False) -> DemoResult:
+             bev: bool = True, quiet: bool = False, model: str | None = None,
+             weights: str | None = None) -> DemoResult:
     """Simulate → replay through ROS → node → collect detections → compare with ground truth."""
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(120, 200)))  # away from a live robot's graph
@@ -185,10 +186,11 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     executor = MultiThreadedExecutor(num_threads=2, context=ctx)
     node = None
     try:
+        overrides = [Parameter("device", value=device), Parameter("use_compile", value=use_compile)]
+        overrides += [Parameter(k, value=v) for k, v in (("model", model), ("weights", weights)) if v]
         node = DetectorNode(pipeline_factory=pipeline_factory, context=ctx,
                             cli_args=["--ros-args", "--params-file", params_file_for(sensor)],
-                            parameter_overrides=[Parameter("device", value=device),
-                                                 Parameter("use_compile", value=use_compile)])
+                            parameter_overrides=overrides)
         trained = not str(getattr(node.pipeline, "weights_meta", {}).get("trained", "yes")).startswith("no")
         client = rclpy.create_node("livox_demo", context=ctx)
         executor.add_node(node)
@@ -279,6 +281,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="replay speed (1.0 = recorded 10 Hz)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--use-compile", action="store_true", help="torch.compile the network (slow start on CPU)")
+    parser.add_argument("--model", default=None, help="model config (default: the preset's)")
+    parser.add_argument("--weights", default=None, help="weights file (default: the model's)")
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -290,7 +294,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     try:
         run_demo(args.out, sensor=args.sensor, frames=args.frames, seed=args.seed, rate=args.rate,
-                 device=args.device, use_compile=args.use_compile)
+                 device=args.device, use_compile=args.use_compile, model=args.model, weights=args.weights)
     except (LivoxInferError, RuntimeError, OSError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
