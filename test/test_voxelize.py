@@ -19,7 +19,7 @@ from livox_infer.voxelize.reference import (
     normalize_reference,
     voxelize_reference_dense,
 )
-from livox_infer.voxelize.triton_kernels import accumulate_kernel, new_accumulators
+from livox_infer.voxelize.triton_kernels import accumulate_kernel, new_accumulators, normalize_kernel
 from livox_infer.voxelize.voxelizer import launch_kernels
 
 torch.set_num_threads(1)
@@ -161,6 +161,25 @@ def test_kernel1_accumulators_equal_torch_accumulators():
         )
         for name, value in expected.items():
             assert torch.equal(acc[name], value), name
+
+
+def test_kernel2_alone_equals_torch_normalisation():
+    """Kernel 2 fed with the torch accumulators == normalize_reference, and it resets them."""
+    points = torch.cat([clustered_cloud(15), random_cloud(2000, 16), edge_cloud()])
+    c = ReferenceConstants(GRID)
+    acc = accumulate_reference(points, GRID, c)
+    expected = normalize_reference(acc, GRID, c)
+    acc = {name: acc[name].clone() for name in new_accumulators(GRID, "cpu")}  # the kernel's order
+    out = torch.empty(GRID.shape)
+    k = GRID.kernel_constants()
+    normalize_kernel[(2,)](
+        *acc.values(), torch.from_numpy(GRID.count_lut()), out,
+        GRID.n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"],
+        N_SLICES=GRID.n_height_slices, BLOCK=512,
+    )
+    assert torch.equal(out, expected)
+    fresh = new_accumulators(GRID, "cpu")
+    assert all(torch.equal(acc[name], fresh[name]) for name in fresh)
 
 
 def test_device_side_point_count_launch_matches_reference():

@@ -110,6 +110,8 @@ def voxelize_fused(
         inv_z_levels=inv_z_levels, inv_intensity_levels=inv_intensity_levels,
     )
     n = points.shape[0]
+    # int32 flat offsets (4 * N) in kernel 1; Voxelizer raises PointCloudError before this.
+    torch._check(n <= MAX_POINTS, lambda: f"voxelize_fused takes at most {MAX_POINTS} points, got {n}")
     acc = [count, z_max, z_min, occupancy, z_sum, intensity_sum]
     launch_kernels(wrap_triton, points, n, None, n, acc, count_lut, out, k, n_slices)
     return out
