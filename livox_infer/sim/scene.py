@@ -798,11 +798,33 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
     _add_background(b, rng, ground, 10.0, reach + 40, 15.0, clutter)
     far = float(rng.uniform(60, 130))
     _add_skyline(b, rng, ground, far, far + 30.0, far * 1.2, clutter)
+    # raised islands / sidewalk slabs with curbs (objects and clutter may stand on them)
+    islands: list[tuple[float, float, float, float, float, float, float]] = []
+    for _ in range(int(rng.integers(0, 5) * min(clutter, 1.5))):
+        x, y = sample_xy(6, reach)
+        yaw = float(rng.uniform(0, np.pi))
+        hl, hw, top = float(rng.uniform(3, 25)), float(rng.uniform(0.5, 5)), float(rng.uniform(0.1, 0.2))
+        c, s_ = np.cos(yaw), np.sin(yaw)
+        # keep the sensor off the slab: distance from the origin to the rectangle
+        lx, ly = abs(-x * c - y * s_), abs(x * s_ - y * c)
+        if np.hypot(max(lx - hl, 0.0), max(ly - hw, 0.0)) < 3.0:
+            continue
+        b.add(BOX, (x, y, ground.plane(x, y) + top / 2 - 0.1), (hl, hw, top / 2 + 0.1), tilt @ rot_z(yaw),
+              reflect=float(rng.uniform(0.18, 0.35)))
+        islands.append((x, y, c, s_, hl, hw, top))
+
+    def base_z(x: float, y: float) -> float:
+        for cx, cy, c, s_, hl, hw, top in islands:
+            dx, dy = x - cx, y - cy
+            if abs(dx * c + dy * s_) <= hl and abs(-dx * s_ + dy * c) <= hw:
+                return float(ground.plane(x, y)) + top
+        return float(ground.height(x, y))
+
     for _ in range(int(rng.integers(5, 25) * clutter)):
         x, y = sample_xy(4, reach)
         if placer.free(x, y, 0.6):
             u = rng.random()
-            z0 = ground.plane(x, y)
+            z0 = base_z(x, y)
             if u < 0.35:
                 if np.hypot(x, y) > 8.0:  # crowns reach 4 m out: keep them off the sensor
                     _add_tree(b, rng, x, y, z0)
@@ -842,7 +864,7 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
                 continue
             yaw = float(rng.uniform(-np.pi, np.pi))
             sp = float(rng.uniform(*speeds[label])) if (moving and rng.random() < 0.5) else 0.0
-            objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw,
+            objects.append(SceneObject(label, parts, np.array([x, y, base_z(x, y)]), yaw,
                                        sp * np.array([np.cos(yaw), np.sin(yaw)]), oid))
             placer.take(x, y, r)
             oid += 1
