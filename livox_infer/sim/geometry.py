@@ -403,13 +403,48 @@ def _entry_normal_and_edge(ox, oy, oz, dx, dy, dz, kind, t):
     return nx, ny, nz, edge
 
 
+MAX_ORIGIN_SPREAD = 0.3  # m: rays are cast in chunks whose origins stay this close (ego motion)
+
+
 def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | None, rng: np.random.Generator,
               *, heading: float = 0.0, max_dist: float = 600.0) -> Hits:
     """First accepted hit of every ray (origins o (N,3), unit directions d (N,3), world frame).
 
     Semi-transparent surfaces (glass, spokes, foliage) accept a crossing ray with their hit probability,
-    so a ray may pass a window and return from the seat behind it.
+    so a ray may pass a window and return from the seat behind it. Rays are expected in time order:
+    when their origins move (ego motion) they are cast in chunks of nearby origins, which keeps the
+    angular windows of nearby primitives tight.
     """
+    n = len(d)
+    if n and len(prims):
+        travel = np.sqrt(((o[1:] - o[:-1]) ** 2).sum(1)).cumsum() if n > 1 else np.zeros(0)
+        total = float(travel[-1]) if len(travel) else 0.0
+        if total > 2 * MAX_ORIGIN_SPREAD:
+            n_chunks = int(np.ceil(total / (2 * MAX_ORIGIN_SPREAD)))
+            bounds = np.searchsorted(np.r_[0.0, travel], np.linspace(0, total, n_chunks + 1)[1:-1])
+            parts = [_cast_prims(o[a:b_], d[a:b_], prims, rng, heading, max_dist)
+                     for a, b_ in zip(np.r_[0, bounds], np.r_[bounds, n]) if b_ > a]
+            obj = tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+        else:
+            obj = _cast_prims(o, d, prims, rng, heading, max_dist)
+    else:
+        obj = (np.full(n, np.inf), np.full(n, -2, dtype=np.int64), np.zeros((n, 3)), np.full(n, np.inf),
+               np.full(n, np.inf))
+    best_t, best_p, best_n, second_t, edge = obj
+    if ground is not None:
+        tg, ng = ground.intersect(o, d, rng)
+        closer = tg < best_t
+        second_t = np.where(closer, best_t, np.minimum(second_t, tg))
+        best_t = np.where(closer, tg, best_t)
+        best_p = np.where(closer, -1, best_p)
+        best_n = np.where(closer[:, None], ng, best_n)
+        edge = np.where(closer, np.inf, edge)
+    return Hits(best_t, best_p, best_n, second_t, edge)
+
+
+def _cast_prims(o: np.ndarray, d: np.ndarray, prims: Primitives, rng: np.random.Generator, heading: float,
+                max_dist: float):
+    """First accepted primitive hit per ray: (t, primitive, normal, next surface t, edge distance)."""
     n = len(d)
     o_ref = o.mean(0) if n else np.zeros(3)
     dv = o - o_ref
@@ -489,12 +524,4 @@ def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | 
             hmin = np.minimum(np.minimum(half[:, 0], half[:, 1]), half[:, 2])
             edge[rf] = np.where(fvol, np.inf, np.clip(e, 0, None) * hmin / np.maximum(best_t[rf], 1e-3))
 
-    if ground is not None:
-        tg, ng = ground.intersect(o, d, rng)
-        closer = tg < best_t
-        second_t = np.where(closer, best_t, np.minimum(second_t, tg))
-        best_t = np.where(closer, tg, best_t)
-        best_p = np.where(closer, -1, best_p)
-        best_n = np.where(closer[:, None], ng, best_n)
-        edge = np.where(closer, np.inf, edge)
-    return Hits(best_t, best_p, best_n, second_t, edge)
+    return best_t, best_p, best_n, second_t, edge
