@@ -366,3 +366,18 @@ def test_compiled_dense_reference_is_bit_identical():
     compiled = torch.compile(lambda p: voxelize_reference_dense(p, GRID), fullgraph=True, dynamic=False)
     points = torch.cat([clustered_cloud(50), extreme_cloud(), edge_cloud(), random_cloud(700, 51)])
     assert torch.equal(compiled(points), voxelize_reference(points, GRID))
+
+
+def test_triton_backend_on_cpu_without_interpreter_raises(monkeypatch):
+    import livox_infer.voxelize.voxelizer as voxelizer_module
+
+    monkeypatch.setattr(voxelizer_module, "INTERPRETING", False)
+    with pytest.raises(BackendError, match="TRITON_INTERPRET"):
+        Voxelizer(GRID, "cpu", backend="triton")(random_cloud(10, 61))
+
+
+def test_voxelizer_follows_to_device():
+    v = Voxelizer(GRID, "cpu").to("cpu")
+    points = random_cloud(300, 60)
+    assert v.device.type == "cpu"
+    assert torch.equal(v(points), voxelize_reference(points, GRID))

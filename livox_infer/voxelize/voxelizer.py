@@ -31,6 +31,7 @@ from livox_infer.voxelize.triton_kernels import (
     ACCUMULATE_BLOCK,
     ACCUMULATE_MAX_PROGRAMS,
     ACCUMULATOR_NAMES,
+    INTERPRETING,
     NORMALIZE_BLOCK,
     accumulate_kernel,
     new_accumulators,
@@ -153,21 +154,32 @@ class Voxelizer(torch.nn.Module):
     def __init__(self, grid: GridConfig, device: torch.device | str | None = "auto", backend: str = "auto") -> None:
         super().__init__()
         self.grid = grid
-        self.device = resolve_device(device)
+        device = resolve_device(device)
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
+            backend = "triton" if device.type == "cuda" else "torch"
         if backend not in ("triton", "torch"):
             raise BackendError(f"unknown voxelizer backend {backend!r}; use 'auto', 'triton' or 'torch'")
         self.backend = backend
         self.constants = grid.kernel_constants()
-        for name, t in new_accumulators(grid, self.device).items():
-            self.register_buffer(f"acc_{name}", t, persistent=False)
-        self.register_buffer("count_lut", torch.from_numpy(grid.count_lut()).to(self.device), persistent=False)
-        self.reference_constants = None
-        if backend == "torch":
-            self.reference_constants = ReferenceConstants(grid, self.device)
-            for name, t in new_reference_state(grid, self.device).items():
+        self.register_buffer("count_lut", torch.from_numpy(grid.count_lut()).to(device), persistent=False)
+        self._reference_constants: ReferenceConstants | None = None
+        if backend == "triton":
+            for name, t in new_accumulators(grid, device).items():
+                self.register_buffer(f"acc_{name}", t, persistent=False)
+        else:
+            for name, t in new_reference_state(grid, device).items():
                 self.register_buffer(f"ref_{name}", t, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the buffers are (follows `.to()` / `.cuda()`)."""
+        return self.count_lut.device
+
+    @property
+    def reference_constants(self) -> ReferenceConstants:
+        if self._reference_constants is None or self._reference_constants.count_lut.device != self.device:
+            self._reference_constants = ReferenceConstants(self.grid, self.device)
+        return self._reference_constants
 
     def reference_state(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, f"ref_{name}") for name in REFERENCE_STATE_IDENTITIES}
@@ -176,13 +188,21 @@ class Voxelizer(torch.nn.Module):
         return {name: getattr(self, f"acc_{name}") for name in ACCUMULATOR_NAMES}
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
-        points = check_points(points, self.device)
+        device = self.device
+        points = check_points(points, device)
         if self.backend == "torch":
             return voxelize_reference(points, self.grid, self.reference_constants, self.reference_state())
-        if self.device.type == "cuda" and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            return self._fused(points)
+        if device.type == "cuda":
             # Triton launches on the current device; inductor sets the device itself when compiled.
-            with torch.cuda.device(self.device):
+            with torch.cuda.device(device):
                 return self._fused(points)
+        if not INTERPRETING:
+            raise BackendError(
+                "the triton voxelizer backend needs a GPU (on CPU it runs only in the Triton interpreter, "
+                "TRITON_INTERPRET=1, for tests); use backend='torch' or 'auto' on CPU"
+            )
         return self._fused(points)
 
     def _fused(self, points: torch.Tensor) -> torch.Tensor:
