@@ -343,7 +343,7 @@ def _add_background(b: PrimitiveBuilder, rng, ground: Ground, x_lo: float, x_hi:
                     clutter: float) -> None:
     """Far content seen over and between the near scene: tree groups and buildings 20-150 m out,
     outside the corridor |y| < clear_half (the road). Real Livox scans get half their returns there."""
-    n_groups = int(rng.integers(6, 16) * clutter)
+    n_groups = int(rng.integers(6, 16) * clutter * max(1.0, (x_hi - x_lo) / 180.0))
     for _ in range(n_groups):
         x = float(rng.uniform(max(x_lo, 15.0), x_hi + 40))
         y = _sign(rng) * float(clear_half + rng.exponential(25.0))
@@ -648,7 +648,8 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
                 placer.take(x, y, 0.5)
             x += float(rng.uniform(6, 25)) / max(clutter, 0.2)
     # sidewalk clutter
-    n_clutter = int(rng.integers(10, 30) * clutter)
+    scale = max(1.0, (x_hi - x_lo) / 180.0)  # long drives: same density along the road
+    n_clutter = int(rng.integers(10, 30) * clutter * scale)
     for _ in range(n_clutter):
         side = _sign(rng)
         ww = walk_w[0] if side < 0 else walk_w[1]
@@ -685,11 +686,11 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             r = _add_large_vehicle(b, rng, x, y, float(ground.height(x, y)), 0.0 if side < 0 else np.pi)
             placer.take(x, y, r)
     # parked cars
-    target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30))
+    target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30) * scale)
     n_parked = int(round(target_cars * (0.65 if park_w > 0 else 0.2)))
     n_moving_cars = target_cars - n_parked
     tries = 0
-    while n_parked > 0 and tries < 400:
+    while n_parked > 0 and tries < 400 * scale:
         tries += 1
         side = _sign(rng)
         x = float(rng.uniform(x_lo + 10, x_hi))
@@ -707,7 +708,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             n_parked -= 1
     # moving cars in lanes (right-hand traffic: +x on the right half, -x on the left)
     tries = 0
-    while n_moving_cars > 0 and tries < 400:
+    while n_moving_cars > 0 and tries < 400 * scale:
         tries += 1
         lane = int(rng.integers(0, lanes_each))
         side = _sign(rng)
@@ -721,9 +722,9 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if add_object(CAR, x, y, yaw, vel, False):
             n_moving_cars -= 1
     # pedestrians on sidewalks (some crossing)
-    n_p = n_peds if n_peds is not None else int(rng.integers(3, 15))
+    n_p = n_peds if n_peds is not None else int(rng.integers(3, 15) * scale)
     tries = 0
-    while n_p > 0 and tries < 400:
+    while n_p > 0 and tries < 400 * scale:
         tries += 1
         crossing = rng.random() < 0.12
         x = float(rng.uniform(x_lo + 5, x_hi * 0.8))
@@ -744,9 +745,9 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if add_object(PEDESTRIAN, x, y, yaw, vel, on_walk):
             n_p -= 1
     # cyclists near the right road edge (and some on the left, against our direction)
-    n_c = n_cyc if n_cyc is not None else int(rng.integers(1, 6))
+    n_c = n_cyc if n_cyc is not None else int(rng.integers(1, 6) * scale)
     tries = 0
-    while n_c > 0 and tries < 400:
+    while n_c > 0 and tries < 400 * scale:
         tries += 1
         side = _sign(rng)
         y = side * (road_half - park_w - rng.uniform(0.5, 1.2)) if park_w > 0 else side * (road_half - rng.uniform(0.6, 1.5))
