@@ -240,6 +240,12 @@ def test_cell_statistics_of_several_points():
     assert torch.count_nonzero(out.sum(0)) == 1
 
 
+def test_count_table_starts_at_zero_and_ends_at_one():
+    """Kernel 2 skips reading the table for empty cells because entry 0 is exactly 0."""
+    lut = GRID.count_lut()
+    assert lut.dtype == np.float32 and lut[0] == 0.0 and lut[-1] == 1.0 and np.all(np.diff(lut) > 0)
+
+
 def test_count_channel_saturates():
     pts = torch.tensor([[0.1, -2.9, 0.0, 0.0]]).repeat(1000, 1)
     out = voxelize_reference(pts, GRID)

@@ -6,6 +6,8 @@ the output) do not depend on point order or thread scheduling; float atomics wou
 
 Kernel 2 `normalize_kernel`: per cell, accumulators -> C float channels, and it resets the
 accumulators to their identity values as it reads them, so the next frame needs no memset launch.
+Empty cells (count 0) are still at their identities, so only their count is read and only their
+zero channels are written: most of the per-frame traffic is the dense output itself.
 
 Float ops are kept to single IEEE-exact steps (sub, mul, compare, floor, int->float) and never of
 the a*b+c shape, so no FMA contraction can change a result between GPU, interpreter and CPU; log is
@@ -98,23 +100,27 @@ def normalize_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_cells
     count = tl.load(count_ptr + offs, mask=m, other=0)
-    z_max = tl.load(z_max_ptr + offs, mask=m, other=0)
-    z_min = tl.load(z_min_ptr + offs, mask=m, other=0)
-    occupancy = tl.load(occupancy_ptr + offs, mask=m, other=0)
-    z_sum = tl.load(z_sum_ptr + offs, mask=m, other=0)
-    i_sum = tl.load(intensity_sum_ptr + offs, mask=m, other=0)
+    # Kernel 1 touches all six accumulators of a cell or none, so an empty cell's are still at
+    # their identities: read and reset only occupied cells (most of the grid is empty).
+    occupied = count > 0
+    used = m & occupied
+    z_max = tl.load(z_max_ptr + offs, mask=used, other=0)
+    z_min = tl.load(z_min_ptr + offs, mask=used, other=0)
+    occupancy = tl.load(occupancy_ptr + offs, mask=used, other=0)
+    z_sum = tl.load(z_sum_ptr + offs, mask=used, other=0)
+    i_sum = tl.load(intensity_sum_ptr + offs, mask=used, other=0)
     # Reset to the identities of add / max / min / or for the next frame.
     zeros32 = tl.zeros((BLOCK,), tl.int32)
     zeros64 = tl.zeros((BLOCK,), tl.int64)
-    tl.store(count_ptr + offs, zeros32, mask=m)
-    tl.store(z_max_ptr + offs, tl.full((BLOCK,), -2147483648, tl.int32), mask=m)  # INT32_MIN
-    tl.store(z_min_ptr + offs, tl.full((BLOCK,), 2147483647, tl.int32), mask=m)  # INT32_MAX
-    tl.store(occupancy_ptr + offs, zeros32, mask=m)
-    tl.store(z_sum_ptr + offs, zeros64, mask=m)
-    tl.store(intensity_sum_ptr + offs, zeros64, mask=m)
+    tl.store(count_ptr + offs, zeros32, mask=used)
+    tl.store(z_max_ptr + offs, tl.full((BLOCK,), -2147483648, tl.int32), mask=used)  # INT32_MIN
+    tl.store(z_min_ptr + offs, tl.full((BLOCK,), 2147483647, tl.int32), mask=used)  # INT32_MAX
+    tl.store(occupancy_ptr + offs, zeros32, mask=used)
+    tl.store(z_sum_ptr + offs, zeros64, mask=used)
+    tl.store(intensity_sum_ptr + offs, zeros64, mask=used)
 
-    occupied = count > 0
-    ch_count = tl.load(count_lut_ptr + tl.minimum(count, count_saturation), mask=m, other=0.0)
+    # (an empty cell's count channel is lut[0] == 0.0: no need to read it)
+    ch_count = tl.load(count_lut_ptr + tl.minimum(count, count_saturation), mask=used, other=0.0)
     ch_zmax = tl.where(occupied, z_max.to(tl.float32) * inv_z_levels, 0.0)
     ch_zmin = tl.where(occupied, z_min.to(tl.float32) * inv_z_levels, 0.0)
     # Rounded integer mean floor((2*sum + n) / (2*n)); all terms >= 0 so truncation == floor.
