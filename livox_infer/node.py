@@ -35,10 +35,9 @@ NODE_NAME = "livox_detector"
 # applied in place with DetectionPipeline.update().
 REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile"})
 # Parameters only the node itself uses (no pipeline involvement).
-NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type"})
+NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
+                              "diagnostics_period", "latency_window"})
 
-LATENCY_WINDOW = 300  # samples kept per stage for mean/p50/p99
-DIAGNOSTICS_PERIOD_S = 1.0
 WARN_THROTTLE_S = 5.0
 
 
@@ -49,6 +48,7 @@ class ParamSpec:
     description: str
     read_only: bool = False
     float_range: tuple[float, float] | None = None
+    int_range: tuple[int, int] | None = None
     choices: tuple[str, ...] | None = None
 
 
@@ -89,6 +89,10 @@ PARAMS: tuple[ParamSpec, ...] = (
               "sensor_height."),
     ParamSpec("frame_id", "", "Output frame_id; empty = copy the input cloud's frame_id."),
     ParamSpec("publish_markers", True, "Publish ~/markers (RViz boxes and labels)."),
+    ParamSpec("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", read_only=True,
+              float_range=(0.1, 60.0)),
+    ParamSpec("latency_window", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
+              read_only=True, int_range=(10, 100_000)),
 )
 PARAM_SPECS = {p.name: p for p in PARAMS}
 
@@ -103,6 +107,10 @@ def validate_params(values: dict[str, Any]) -> str | None:
             lo, hi = spec.float_range
             if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or not lo <= v <= hi:
                 return f"{spec.name} must be a number in [{lo}, {hi}], got {v!r}"
+        if spec.int_range is not None:
+            lo, hi = spec.int_range
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                return f"{spec.name} must be an integer in [{lo}, {hi}], got {v!r}"
     for axis in "xyz":
         lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
         if lo >= hi:
@@ -177,12 +185,13 @@ class NodeStats:
     skipped_no_subscribers: int = 0
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
+    latency_window: int = 300
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_latency(self, stage: str, ms: float) -> None:
         q = self.latency_ms.get(stage)
         if q is None:
-            q = self.latency_ms[stage] = collections.deque(maxlen=LATENCY_WINDOW)
+            q = self.latency_ms[stage] = collections.deque(maxlen=self.latency_window)
         q.append(float(ms))
 
     def snapshot(self) -> dict[str, Any]:
@@ -211,7 +220,12 @@ def _import_ros():
 _import_ros()
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult  # noqa: E402
+from rcl_interfaces.msg import (  # noqa: E402
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    SetParametersResult,
+)
 from rclpy.node import Node  # noqa: E402
 from rclpy.qos import QoSProfile, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import PointCloud2  # noqa: E402
@@ -241,7 +255,7 @@ class DetectorNode(Node):
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
 
-        self.stats = NodeStats()
+        self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
         self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
         # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
         self._pipeline = self._factory(pipeline_options(self._values))
@@ -267,7 +281,7 @@ class DetectorNode(Node):
             self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._diag_last = (time.monotonic(), 0, 0)
-        self._diag_timer = self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics)
+        self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
         self.get_logger().info(
             f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
@@ -289,6 +303,8 @@ class DetectorNode(Node):
             if spec.float_range is not None:
                 desc.floating_point_range = [FloatingPointRange(from_value=float(spec.float_range[0]),
                                                                 to_value=float(spec.float_range[1]), step=0.0)]
+            if spec.int_range is not None:
+                desc.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1], step=1)]
             if spec.choices is not None:
                 desc.additional_constraints = "one of: " + ", ".join(spec.choices)
             self.declare_parameter(spec.name, spec.default, desc)
