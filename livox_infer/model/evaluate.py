@@ -118,7 +118,7 @@ class EvalResult:
         lines = [title] if title else []
         lines.append(f"{'class':<12}{'GT':>6}{'ign':>6}" + "".join(f"{c:>11}" for c in cols))
         for cls, aps in self.ap.items():
-            vals = "".join(f"{aps.get(c, float('nan')):>11.3f}" for c in cols)
+            vals = "".join(f"{aps[c]:>11.3f}" if c in aps else f"{'-':>11}" for c in cols)
             lines.append(f"{cls:<12}{self.num_gt.get(cls, 0):>6}{self.num_ignored.get(cls, 0):>6}{vals}")
         return "\n".join(lines)
 
