@@ -133,6 +133,23 @@ def draw_bev(path: Path, points: np.ndarray, gt_boxes, gt_names, det_boxes, det_
     plt.close(fig)
 
 
+def detection_region(pipeline) -> tuple[float, float, float, float] | None:
+    """(x_min, x_max, y_min, y_max) the pipeline's BEV grid covers, or None when it does not say."""
+    grid = getattr(pipeline, "grid", None)
+    if grid is None or not hasattr(grid, "x_range"):
+        return None
+    return (*map(float, grid.x_range), *map(float, grid.y_range))
+
+
+def in_region(boxes: np.ndarray, region) -> np.ndarray:
+    """Boxes whose centre lies inside ``region`` (all when region is None)."""
+    boxes = np.asarray(boxes).reshape(-1, 7)
+    if region is None:
+        return np.ones(len(boxes), bool)
+    x0, x1, y0, y1 = region
+    return (boxes[:, 0] >= x0) & (boxes[:, 0] < x1) & (boxes[:, 1] >= y0) & (boxes[:, 1] < y1)
+
+
 @dataclass
 class DemoResult:
     frames: list[FrameResult]
@@ -192,6 +209,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
                             cli_args=["--ros-args", "--params-file", params_file_for(sensor)],
                             parameter_overrides=overrides)
         trained = not str(getattr(node.pipeline, "weights_meta", {}).get("trained", "yes")).startswith("no")
+        region = detection_region(node.pipeline)
         client = rclpy.create_node("livox_demo", context=ctx)
         executor.add_node(node)
         executor.add_node(client)
@@ -234,6 +252,8 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     results: list[FrameResult] = []
     best = None
     for stamp, g in sorted(gt.items()):
+        inside = in_region(g.boxes, region)
+        g = g._replace(boxes=g.boxes[inside], labels=g.labels[inside], scores=g.scores[inside])
         names = [CLASS_NAMES[i] for i in g.labels]
         fr = FrameResult(stamp, names, np.asarray(g.boxes))
         if stamp in received:
@@ -249,6 +269,9 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
                 best = (key, stamp, d, g, names)
         results.append(fr)
     if not quiet:
+        if region is not None:
+            print(f"\nground truth counted inside the model's BEV grid: x {region[0]:g}..{region[1]:g} m, "
+                  f"y {region[2]:g}..{region[3]:g} m (the detector cannot see beyond it)")
         print_table(results)
         stages = [k[len("latency_"):-len("_p50_ms")] for k in diagnostics if k.endswith("_p50_ms")]
         print("node latency per stage (ms, p50 / p99): " + ", ".join(

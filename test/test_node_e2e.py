@@ -1,7 +1,7 @@
 """End to end with the real detector: simulated Avia bag → replay through ROS → DetectorNode (real
 DetectionPipeline, CPU, eager) → Detection3DArray, compared with the bag's ground truth (the demo's
-own code path). With trained weights the detections must match the ground truth; with the untrained
-placeholder only the structure can be checked, and the test says so."""
+own code path). With trained weights car detections must match the ground truth; with the untrained
+placeholder only the structure can be checked, and the test says so (XFAIL)."""
 
 from __future__ import annotations
 
@@ -39,17 +39,20 @@ def test_replayed_bag_through_the_node_matches_ground_truth(tmp_path):
     assert d["backend"].startswith("cpu") and d["model"] == "lite"
     if not result.trained:
         pytest.xfail("model weights are the untrained placeholder: structure checked, accuracy not yet")
-    # cars within 40 m (well inside the lite grid, several returns each) must mostly be found
+    # Cars are the class the detector is judged on here (eval covers all classes): cars within 40 m
+    # (well inside the lite grid, many returns each) must mostly be found, most car detections must be
+    # real, and matched boxes must overlap well after the trip through Detection3DArray (yaw quaternion).
     def near_car(f, j):
         return f.gt_names[j] == "car" and float(np.hypot(*f.gt_boxes[j, :2])) < 40.0
 
     cars_gt = sum(near_car(f, j) for f in processed for j in range(len(f.gt_names)))
     cars_found = sum(near_car(f, m[1]) for f in processed for m in f.matches)
-    false_pos = sum(f.fp for f in processed)
-    assert cars_gt > 0
+    car_dets = sum(f.det_names.count("car") for f in processed)
+    car_hits = [m for f in processed for m in f.matches if f.det_names[m[0]] == "car"]
+    assert cars_gt > 0 and car_dets > 0
     assert cars_found >= 0.5 * cars_gt, (cars_found, cars_gt)
-    assert false_pos <= max(3, len(processed)), false_pos
-
+    assert len(car_hits) >= 0.5 * car_dets, (len(car_hits), car_dets)
+    assert np.mean([m[3] for m in car_hits]) >= 0.4
 
 class OraclePipeline:
     """Answers with the bag's own ground truth: checks the chain replay → node → message → matching
