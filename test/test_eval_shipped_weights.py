@@ -20,10 +20,9 @@ FRAMES_PER_SENSOR = 4
 SEED = 7
 # measured on this set for the committed models/lite.safetensors, minus a margin (docs/detector.md)
 MIN_AP = {
-    ("car", "bev@0.7"): None,
-    ("car", "bev@0.5"): None,
-    ("pedestrian", "bev@0.5"): None,
-    ("cyclist", "bev@0.5"): None,
+    ("car", "bev@0.7"): 0.56,  # measured 0.666
+    ("car", "bev@0.5"): 0.68,  # measured 0.783
+    ("pedestrian", "bev@0.5"): 0.12,  # measured 0.215
 }
 
 

@@ -220,7 +220,7 @@ def align_frames(dets: list[FrameBoxes], gts: list[FrameBoxes]) -> tuple[list[Fr
 SIM_EVAL_SEED_BASE = 50_000_000  # disjoint from the training (1e6..) and validation (9e6..) seeds
 
 
-def simulated_eval_frames(sensor: str, n: int, seed: int = 0):
+def simulated_eval_frames(sensor: str, n: int, seed: int = 0, sim_options: dict | None = None):
     """n held-out simulated frames of ``sensor`` (street/open alternating): [(points (N,4), GT FrameBoxes)].
 
     GT num_points is the simulator's count of returns on each object; points keep the driver's
@@ -233,19 +233,21 @@ def simulated_eval_frames(sensor: str, n: int, seed: int = 0):
     for i in range(n):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            f = simulate_frame(sensor, SIM_EVAL_SEED_BASE + seed * 10_007 + i, scene=("street", "open")[i % 2])
+            f = simulate_frame(sensor, SIM_EVAL_SEED_BASE + seed * 10_007 + i, scene=("street", "open")[i % 2],
+                               **(sim_options or {}))
         out.append((f.points, FrameBoxes(f.boxes, f.labels, None, f.num_points, i)))
     return out
 
 
 def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, seed: int = 0,
                            classes: Sequence[str] = CLASS_NAMES, min_points: int = DEFAULT_MIN_POINTS,
-                           region=None, metrics=("bev", "3d")) -> dict[str, dict[str, EvalResult]]:
+                           region=None, metrics=("bev", "3d"),
+                           sim_options: dict | None = None) -> dict[str, dict[str, EvalResult]]:
     """AP per sensor (and "all" pooled) for each named detector ``fn(points) -> (boxes, labels, scores)``."""
     per: dict[str, dict[str, EvalResult]] = {name: {} for name in detect_fns}
     pooled: dict[str, tuple[list, list]] = {name: ([], []) for name in detect_fns}
     for sensor in sensors:
-        frames = simulated_eval_frames(sensor, n, seed)
+        frames = simulated_eval_frames(sensor, n, seed, sim_options)
         for name, fn in detect_fns.items():
             dets = []
             for pts, _ in frames:

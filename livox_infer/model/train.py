@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.model.boxes import points_in_boxes
@@ -68,7 +69,7 @@ class Frame:
         return Mount(float(self.sensor_height), tuple(float(v) for v in self.up))
 
 
-def simulate_training_frame(sensor: str, seed: int, kind: str) -> Frame:
+def simulate_training_frame(sensor: str, seed: int, kind: str, **sim_options: Any) -> Frame:
     """One simulated frame of a fresh scene ``kind`` for ``sensor``.
 
     The mount (ground height and tilt) is estimated from the cloud as the pipeline's "auto" mode
@@ -80,7 +81,7 @@ def simulate_training_frame(sensor: str, seed: int, kind: str) -> Frame:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        f = simulate_frame(sensor, seed, scene=kind)
+        f = simulate_frame(sensor, seed, scene=kind, **sim_options)
     pts = np.asarray(f.points, np.float32)
     keep = np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
     pts = pts[keep]
@@ -110,12 +111,13 @@ def frame_spec(split: str, i: int, seed: int) -> tuple[str, int, str]:
     return sensor, base + seed * 100_003 + i, kind
 
 
-def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig) -> Path:
+def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig,
+                   sim_options: dict | None = None) -> Path:
     frames = []
     for j in range(SHARD_FRAMES):
         i = index * SHARD_FRAMES + j
         sensor, sim_seed, kind = frame_spec(split, i, seed)
-        f = simulate_training_frame(sensor, sim_seed, kind)
+        f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
         f.points = _crop(f.points, cfg)
         frames.append(f)
     counts = np.array([f.points.shape[0] for f in frames], np.int64)
@@ -152,7 +154,8 @@ def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
     return frames
 
 
-def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig) -> list[Frame]:
+def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig,
+                   sim_options: dict | None = None) -> list[Frame]:
     from tqdm import tqdm
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +163,7 @@ def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: Mo
     todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
     if todo:
         for k in tqdm(todo, desc=f"simulating {split} ({SHARD_FRAMES} frames/shard)", unit="shard"):
-            generate_shard(data_dir, split, k, seed, cfg)
+            generate_shard(data_dir, split, k, seed, cfg, sim_options)
     return load_shards(data_dir, split, n_shards)[:n_frames]
 
 
@@ -354,6 +357,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
     p.add_argument("--init", default=None, help="start from these weights (same config) instead of random")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
+    p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
@@ -380,7 +385,13 @@ def _train(args: argparse.Namespace) -> int:
     work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
     out = Path(args.out) if args.out else cfg.weights_path()
     t_start = time.time()
-    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg)
+    sim_options = {}
+    for item in args.sim_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--sim-option must be KEY=VALUE, got {item!r}")
+        sim_options[key.strip()] = yaml.safe_load(value)
+    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options)
     val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg)
     log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
              time.time() - t_start)
