@@ -76,7 +76,11 @@ def test_boxes_contain_their_points(mode):
         for i, box in enumerate(f.boxes):
             own = f.points[f.instance == i]
             # every return on the object lies in its box, up to 4 sigma of range noise (grows past 50 m)
-            tol = 0.02 + 4 * 0.02 * np.maximum(1.0, np.linalg.norm(own[:, :3], axis=1) / 50.0)
+            # plus, for a moving object, how far it moves between a return and the box's time (the mean
+            # shot time of its returns)
+            t_own = f.time[f.instance == i]
+            drift = float(np.linalg.norm(f.velocities[i]) * np.abs(t_own - t_own.mean()).max()) if len(own) else 0.0
+            tol = 0.02 + drift + 4 * 0.02 * np.maximum(1.0, np.linalg.norm(own[:, :3], axis=1) / 50.0)
             assert np.all(_inside(own, box, tol)), (mode, seed, i)
             if f.num_points[i] > 0:
                 inside = _inside(f.points[f.valid], box, float(tol.max())).sum()
@@ -157,13 +161,20 @@ def test_drive_moves_the_ego_and_tracks_objects():
     frames = simulate_drive("avia", seed=4, n_frames=3, speed_mps=10.0, scene="street")
     assert [f.frame_index for f in frames] == [0, 1, 2]
     assert frames[1].pose[0, 3] - frames[0].pose[0, 3] == pytest.approx(1.0)
-    # a static object seen in two frames moves ~1 m towards the sensor in the sensor frame
-    ids0 = {int(i): b for i, b in zip(frames[0].object_ids, frames[0].boxes)}
-    moved = []
-    for oid, box, vel in zip(frames[1].object_ids, frames[1].boxes, frames[1].velocities):
+    # a static object seen in two frames moves ~1 m towards the sensor in the sensor frame, plus the
+    # distance driven between the mean shot times of its returns in each frame (where its box is placed)
+    def box_time(f, k):
+        own = f.instance == k
+        return f.time[own].mean() if own.any() else 0.05
+
+    ids0 = {int(i): (b, box_time(frames[0], k)) for k, (i, b) in enumerate(zip(frames[0].object_ids, frames[0].boxes))}
+    moved, expect = [], []
+    for k, (oid, box, vel) in enumerate(zip(frames[1].object_ids, frames[1].boxes, frames[1].velocities)):
         if int(oid) in ids0 and np.allclose(vel, 0):
-            moved.append(ids0[int(oid)][0] - box[0])
-    assert moved and np.allclose(moved, 1.0, atol=0.15)
+            box0, t0 = ids0[int(oid)]
+            moved.append(box0[0] - box[0])
+            expect.append(1.0 + 10.0 * (box_time(frames[1], k) - t0))
+    assert moved and np.allclose(moved, expect, atol=0.15)
 
 
 def test_bad_options_raise_config_error():
@@ -196,8 +207,17 @@ def test_ego_speed_smears_static_objects_along_the_drive():
     drawn = simulate_frame("horizon", seed=3, scene=scene, ego_speed=(20.0, 20.0))
     desk = simulate_frame("horizon", seed=3, scene=scene, ego_speed=20.0, deskew=True)
     np.testing.assert_array_equal(raw.points, drawn.points)
-    np.testing.assert_array_equal(still.boxes, raw.boxes)  # boxes at the frame start
+    np.testing.assert_array_equal(still.boxes, desk.boxes)  # deskewed: boxes at the frame start
     assert not np.array_equal(still.points, raw.points)
+    # raw: each box sits where its object appears, i.e. seen from where the sensor is at the mean shot
+    # time of the object's returns (mid-frame without returns): moved back by the distance driven by then
+    road = raw.pose[:3, :3].T @ np.array([1.0, 0.0, 0.0])
+    for k in range(len(raw.boxes)):
+        own = raw.instance == k
+        t_k = raw.time[own].mean() if own.any() else 0.05
+        # tolerance: the ground under the sensor is not perfectly flat along the 2 m driven
+        np.testing.assert_allclose(raw.boxes[k, :3], still.boxes[k, :3] - 20.0 * t_k * road, atol=0.03)
+        np.testing.assert_array_equal(raw.boxes[k, 3:6], still.boxes[k, 3:6])
     # raw points are measured from where the sensor is at each shot: deskewing adds exactly the
     # distance driven since the frame start (20 m/s along the road, seen in the sensor frame)
     v = raw.valid & desk.valid
@@ -260,7 +280,13 @@ def test_deskew_and_turning():
     az_desk, _ = dirs_to_angles(desk.points[desk.valid][:, :3])
     assert np.abs(az_raw).max() <= SENSORS["horizon"].max_abs_az_deg + 1e-6
     assert az_desk.max() > SENSORS["horizon"].max_abs_az_deg + 15  # turned left by 27 deg
-    np.testing.assert_array_equal(raw.boxes, desk.boxes)
+    # deskewed boxes stay at the frame start; raw boxes are seen from the sensor's heading at the mean
+    # shot time of each object's returns, i.e. turned back by the yaw rate times that time
+    for k in range(len(raw.boxes)):
+        own = raw.instance == k
+        t_k = raw.time[own].mean() if own.any() else 0.15
+        turn = np.angle(np.exp(1j * (raw.boxes[k, 6] - desk.boxes[k, 6])))
+        assert turn == pytest.approx(-np.radians(90.0) * t_k, abs=2e-3)  # tilted ground and mount
 
 
 def test_bench_prints_a_row_per_sensor_and_mode(capsys):
@@ -270,3 +296,75 @@ def test_bench_prints_a_row_per_sensor_and_mode(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [(r[0], r[1], int(r[2])) for r in rows] == [("open", "mid40", 10000), ("open", "mid70", 10000)]
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def _scan_smear_tolerance(f, k: int, ego_speed: float) -> float:
+    """How far a raw return of object k can lie outside its box: the box is placed at the mean shot time
+    of the object's returns, so the rest of its scan is smeared by up to half of the relative speed times
+    the scan's duration; plus range noise and the 2-sigma angular noise at these ranges."""
+    own = f.instance == k
+    ego_v = ego_speed * (f.pose[:3, :3].T @ np.array([1.0, 0.0, 0.0]))[:2]
+    relative_speed = float(np.linalg.norm(f.velocities[k] - ego_v))
+    return 0.5 * relative_speed * float(np.ptp(f.time[own])) + 0.1
+
+
+@pytest.mark.parametrize("seed,speed", [(7, 8.0), (11, 12.0)])
+def test_raw_drive_boxes_hold_their_returns(seed, speed):
+    """Raw (not deskewed) frames of a moving ego, with moving traffic: every well-observed object's
+    returns lie in its box up to the physical smear of its scan; a lead car keeping the ego's speed has
+    no smear at all and keeps its gap from frame to frame (it used to appear 1 m ahead of its box)."""
+    frames = simulate_drive("avia", seed=seed, n_frames=2, speed_mps=speed)
+    checked = leads = 0
+    lead_x: dict[int, list[float]] = {}
+    for f in frames:
+        ego_v = speed * (f.pose[:3, :3].T @ np.array([1.0, 0.0, 0.0]))[:2]
+        for k in np.nonzero(f.num_points >= 50)[0]:
+            own = f.points[f.instance == k]
+            tol = _scan_smear_tolerance(f, k, speed)
+            assert tol < 1.5
+            assert _inside(own, f.boxes[k], tol).mean() >= 0.95, (k, f.boxes[k], tol)
+            checked += 1
+            if np.linalg.norm(f.velocities[k] - ego_v) < 0.5:
+                assert _inside(own, f.boxes[k], 0.1).mean() >= 0.95
+                lead_x.setdefault(int(f.object_ids[k]), []).append(float(f.boxes[k, 0]))
+                leads += 1
+    assert checked >= 5
+    # the lead car (same lane, ego speed) keeps its distance: no apparent approach of 0.1 s x speed
+    assert leads >= 1 and any(len(v) == 2 for v in lead_x.values())
+    for xs in lead_x.values():
+        assert np.ptp(xs) < 0.05
+
+
+def test_stationary_scene_ground_truth_is_the_frame_start():
+    """Static ego and static objects: every convention (raw, deskewed, mean-time boxes) coincides."""
+    scene = make_scene(4, "street", moving=False)
+    raw = simulate_frame("avia", seed=4, scene=scene)
+    desk = simulate_frame("avia", seed=4, scene=scene, deskew=True)
+    np.testing.assert_array_equal(raw.points, desk.points)
+    np.testing.assert_array_equal(raw.boxes, desk.boxes)
+    from livox_infer.sim.simulate import _ground_truth
+
+    prims, _, rots = scene.primitives_at(0.0)
+    boxes, keep, _ = _ground_truth(scene, prims, rots, raw.pose[:3, 3], raw.pose[:3, :3])
+    front = np.nonzero(keep)[0]
+    np.testing.assert_array_equal(raw.boxes, boxes[front].astype(np.float32))
+
+
+def test_moving_objects_move_within_the_frame():
+    """A stationary sensor watching moving traffic: the returns of a moving object spread along its
+    velocity by speed x scan time, and its box sits at the mean shot time of those returns."""
+    scene = make_scene(11, "street")
+    f = simulate_frame("avia", seed=11, scene=scene)
+    movers = [k for k in np.nonzero(f.num_points >= 100)[0] if np.linalg.norm(f.velocities[k]) > 5.0]
+    assert len(movers) >= 2
+    for k in movers:
+        own = f.instance == k
+        t = f.time[own]
+        speed = float(np.linalg.norm(f.velocities[k]))
+        along = f.points[own, :2] @ (f.velocities[k] / speed)
+        # the returns of the later half of the scan lie further along the motion, by speed x time apart
+        late = t > np.median(t)
+        moved = along[late].mean() - along[~late].mean()
+        expect = speed * (t[late].mean() - t[~late].mean())
+        assert expect > 0.3 and abs(moved - expect) < 0.1 + 0.25 * expect
+        assert _inside(f.points[own], f.boxes[k], _scan_smear_tolerance(f, k, 0.0)).mean() >= 0.95

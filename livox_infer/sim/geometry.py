@@ -407,16 +407,26 @@ MAX_ORIGIN_SPREAD = 0.3  # m: rays are cast in chunks whose origins stay this cl
 
 
 def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | None, rng: np.random.Generator,
-              *, heading: float = 0.0, max_dist: float = 600.0) -> Hits:
+              *, heading: float = 0.0, max_dist: float = 600.0, ray_time: np.ndarray | None = None,
+              prim_velocity: np.ndarray | None = None) -> Hits:
     """First accepted hit of every ray (origins o (N,3), unit directions d (N,3), world frame).
 
     Semi-transparent surfaces (glass, spokes, foliage) accept a crossing ray with their hit probability,
     so a ray may pass a window and return from the seat behind it. Rays are expected in time order:
     when their origins move (ego motion) they are cast in chunks of nearby origins, which keeps the
     angular windows of nearby primitives tight.
+
+    Moving primitives: with ``prim_velocity`` (P,3) world m/s and ``ray_time`` (N,) s, a ray sees each
+    primitive translated by velocity x ray time (the primitives are given at time 0). Casting is then
+    chunked by the largest relative motion too; without any moving primitive the cast is unchanged.
     """
     n = len(d)
-    if n and len(prims):
+    if prim_velocity is not None and len(prims) and n and np.any(prim_velocity != 0):
+        if ray_time is None or len(ray_time) != n or prim_velocity.shape != (len(prims), 3):
+            raise ValueError("moving primitives need ray_time (N,) and prim_velocity (P,3)")
+        obj = _cast_moving(o, d, prims, rng, heading, max_dist, np.asarray(ray_time, np.float64),
+                           np.asarray(prim_velocity, np.float64))
+    elif n and len(prims):
         travel = np.sqrt(((o[1:] - o[:-1]) ** 2).sum(1)).cumsum() if n > 1 else np.zeros(0)
         total = float(travel[-1]) if len(travel) else 0.0
         if total > 2 * MAX_ORIGIN_SPREAD:
@@ -442,14 +452,44 @@ def cast_rays(o: np.ndarray, d: np.ndarray, prims: Primitives, ground: Ground | 
     return Hits(best_t, best_p, best_n, second_t, edge)
 
 
+def _cast_moving(o, d, prims: Primitives, rng, heading: float, max_dist: float, tau: np.ndarray, vel: np.ndarray):
+    """Cast against primitives that move with ``vel`` during the rays' times ``tau``: in chunks whose
+    origin travel plus the fastest primitive's travel stays within 2 x MAX_ORIGIN_SPREAD."""
+    n = len(d)
+    travel = np.r_[0.0, np.sqrt(((o[1:] - o[:-1]) ** 2).sum(1)).cumsum()]
+    v_max = float(np.sqrt((vel ** 2).sum(1)).max())
+    motion = travel + v_max * np.abs(tau - tau[0])
+    total = float(motion.max())
+    n_chunks = max(1, int(np.ceil(total / (2 * MAX_ORIGIN_SPREAD))))
+    if n_chunks == 1:
+        return _cast_prims(o, d, prims, rng, heading, max_dist, tau, vel)
+    bounds = np.searchsorted(motion, np.linspace(0, total, n_chunks + 1)[1:-1])
+    parts = [_cast_prims(o[a:b_], d[a:b_], prims, rng, heading, max_dist, tau[a:b_], vel)
+             for a, b_ in zip(np.r_[0, bounds], np.r_[bounds, n]) if b_ > a]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+
+
 def _cast_prims(o: np.ndarray, d: np.ndarray, prims: Primitives, rng: np.random.Generator, heading: float,
-                max_dist: float):
-    """First accepted primitive hit per ray: (t, primitive, normal, next surface t, edge distance)."""
+                max_dist: float, tau: np.ndarray | None = None, vel: np.ndarray | None = None):
+    """First accepted primitive hit per ray: (t, primitive, normal, next surface t, edge distance).
+
+    With ``tau``/``vel`` each primitive is at ``center + vel * tau`` for each ray: the primitives are
+    placed at the chunk's mean time and every (ray, primitive) pair's origin is shifted by the remaining
+    relative motion (the angular windows are padded by each primitive's travel within the chunk)."""
     n = len(d)
     o_ref = o.mean(0) if n else np.zeros(3)
     dv = o - o_ref
     pad = float(np.sqrt(np.max(dv[:, 0] ** 2 + dv[:, 1] ** 2 + dv[:, 2] ** 2))) if n else 0.0
     moving = pad > 0
+    prim_moves = vel is not None and n > 0
+    if prim_moves:
+        tau_ref = float(tau.mean())
+        dtau = tau - tau_ref
+        prims = Primitives(*[getattr(prims, f) for f in _FIELDS])
+        prims.center = prims.center + vel * tau_ref
+        speed = np.sqrt((vel ** 2).sum(1))
+        pad = pad + (speed * float(np.abs(dtau).max()))[:, None]
+        moving = True
     best_t = np.full(n, np.inf)
     best_p = np.full(n, -2, dtype=np.int64)
     best_n = np.zeros((n, 3))
@@ -476,6 +516,12 @@ def _cast_prims(o: np.ndarray, d: np.ndarray, prims: Primitives, rng: np.random.
             osx, osy, osz = q[prim_i, 0], q[prim_i, 1], q[prim_i, 2]
             if moving:
                 vx, vy, vz = dv[ray_i, 0], dv[ray_i, 1], dv[ray_i, 2]
+                if prim_moves:  # origin relative to the primitive, which has moved on by vel * dtau
+                    dt_pair = dtau[ray_i]
+                    vp = vel[prim_i]
+                    vx = vx - vp[:, 0] * dt_pair
+                    vy = vy - vp[:, 1] * dt_pair
+                    vz = vz - vp[:, 2] * dt_pair
                 osx = osx + Mp[0] * vx + Mp[1] * vy + Mp[2] * vz
                 osy = osy + Mp[3] * vx + Mp[4] * vy + Mp[5] * vz
                 osz = osz + Mp[6] * vx + Mp[7] * vy + Mp[8] * vz

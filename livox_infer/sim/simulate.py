@@ -181,7 +181,13 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
         d_w = d_r @ scn.ground_tilt.T
     o_w = ego_origin(t0 + rel_t)
     prims, obj_pos, obj_rot = scn.primitives_at(t0)
-    hits = cast_rays(o_w, d_w, prims, scn.ground, rng, heading=heading)
+    # moving objects move on during the frame: each ray sees them where they are at its shot time
+    obj_vel = np.array([np.r_[ob.velocity, 0.0] for ob in scn.objects]).reshape(-1, 3)
+    prim_vel = None
+    if len(prims) and np.any(obj_vel != 0):
+        prim_vel = np.where((prims.instance >= 0)[:, None], obj_vel[np.maximum(prims.instance, 0)], 0.0) \
+            if len(obj_vel) else None
+    hits = cast_rays(o_w, d_w, prims, scn.ground, rng, heading=heading, ray_time=rel_t, prim_velocity=prim_vel)
 
     # ---- returns
     t = hits.t
@@ -243,8 +249,23 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     on_surface &= ok
     inst_all = np.where(on_surface & (hits.prim >= 0), prims.instance[prim_idx] if len(prims) else -1, -1)
 
-    # ---- ground truth in the sensor frame at the frame start
-    boxes, keep, vel_s = _ground_truth(scn, prims, obj_rot, o0, R)
+    # ---- ground truth: each object where it appears in this cloud. An object's returns span its scan
+    # time; its box is placed at the mean shot time of those returns (mid-frame without returns): the
+    # object's pose at that time, in the sensor frame at that time (raw) or at the frame start (deskewed).
+    m_obj = len(scn.objects)
+    obj_time = np.full(m_obj, period / 2)
+    if m_obj:
+        own = inst_all >= 0
+        cnt = np.bincount(inst_all[own], minlength=m_obj)
+        tsum = np.bincount(inst_all[own], weights=rel_t[own], minlength=m_obj)
+        obj_time = np.where(cnt > 0, tsum / np.maximum(cnt, 1), obj_time)
+    obj_shift = obj_vel * obj_time[:, None]  # world translation since the frame start
+    if deskew or (ego_speed == 0.0 and omega == 0.0):  # one sensor pose for every box
+        box_origin, box_rot = o0, R
+    else:
+        box_origin = ego_origin(t0 + obj_time).reshape(-1, 3)
+        box_rot = np.stack([sensor_rot(t0 + ti) for ti in obj_time]).reshape(-1, 3, 3)
+    boxes, keep, vel_s = _ground_truth(scn, prims, obj_rot, box_origin, box_rot, obj_shift)
     d0 = np.hypot(boxes[:, 0], boxes[:, 1]) if len(boxes) else np.zeros(0)
     kept_idx = np.nonzero(keep & (d0 <= max_box_range))[0]
     remap = np.full(len(scn.objects) + 1, -1, np.int64)  # last slot: "no object"
@@ -265,12 +286,14 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     )
 
 
-def _ground_truth(scn: Scene, prims, obj_rot, o0, R):
+def _ground_truth(scn: Scene, prims, obj_rot, o0, R, obj_shift=None):
     """Tight yaw-only boxes around every object's parts, in the sensor frame; keep mask for objects in
-    front of the sensor."""
+    front of the sensor. ``o0`` (3,) / ``R`` (3,3) is one sensor pose for all boxes, or (M,3) / (M,3,3)
+    one per object; ``obj_shift`` (M,3) moves each object's parts in the world first."""
     m = len(scn.objects)
     if m == 0:
         return np.zeros((0, 7)), np.zeros(0, bool), np.zeros((0, 2))
+    per_object = np.ndim(R) == 3
     owner = prims.instance
     sel = np.nonzero(owner >= 0)[0]
     own = owner[sel]
@@ -278,15 +301,17 @@ def _ground_truth(scn: Scene, prims, obj_rot, o0, R):
     sel, own = sel[order], own[order]
     parts = prims.take(sel)
     heading_w = obj_rot[:, :, 0]  # object x axis in world
-    heading_s = heading_w @ R  # = R^T h
+    heading_s = np.einsum("mi,mij->mj", heading_w, R) if per_object else heading_w @ R  # = R^T h
     yaw = np.arctan2(heading_s[:, 1], heading_s[:, 0])
     c, s = np.cos(yaw), np.sin(yaw)
     zeros, ones = np.zeros(m), np.ones(m)
     # box axes in the sensor frame (3 x 3 per object: columns u, v, w) -> world
     axes_s = np.stack([np.stack([c, s, zeros], -1), np.stack([-s, c, zeros], -1), np.stack([zeros, zeros, ones], -1)], -1)
-    axes_w = R[None] @ axes_s  # (m,3,3)
+    axes_w = (R if per_object else R[None]) @ axes_s  # (m,3,3)
     ax_p = axes_w[own]  # (P,3,3)
-    proj = np.einsum("pij,pi->pj", ax_p, parts.center - o0)  # coordinates along u, v, w
+    centres = parts.center if obj_shift is None else parts.center + obj_shift[own]
+    rel = centres - (o0[own] if np.ndim(o0) == 2 else o0)
+    proj = np.einsum("pij,pi->pj", ax_p, rel)  # coordinates along u, v, w
     # part extents along each object's box axes
     pr = np.einsum("pki,pkj->pij", parts.rot, ax_p) * parts.half[:, :, None]  # (P, local 3, axis 3)
     box_e = np.abs(pr).sum(1)
@@ -310,7 +335,7 @@ def _ground_truth(scn: Scene, prims, obj_rot, o0, R):
     boxes = np.concatenate([centre, dims, yaw_w[:, None]], 1)
     keep = np.isfinite(boxes).all(1) & (boxes[:, 0] > 0.0)
     vel_w = np.stack([np.r_[ob.velocity, 0.0] for ob in scn.objects])
-    vel_s = (vel_w @ R)[:, :2]
+    vel_s = (np.einsum("mi,mij->mj", vel_w, R) if per_object else vel_w @ R)[:, :2]
     return boxes, keep, vel_s
 
 
