@@ -24,7 +24,8 @@ FRAME_OPTIONS = (
 
 @dataclass
 class SimFrame:
-    """One simulated frame. Points and boxes are in the sensor frame at the frame start (REP-103)."""
+    """One simulated frame (REP-103 sensor frame). Raw points: sensor frame at each shot time; boxes: where
+    each object appears (see docs/simulator.md, "Time convention"); deskewed: both at the frame start."""
 
     points: np.ndarray  # (N,4) f32 x y z reflectivity; (0,0,0,0) rows are no-returns
     time: np.ndarray  # (N,) f64 seconds from frame start
@@ -183,10 +184,9 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     prims, obj_pos, obj_rot = scn.primitives_at(t0)
     # moving objects move on during the frame: each ray sees them where they are at its shot time
     obj_vel = np.array([np.r_[ob.velocity, 0.0] for ob in scn.objects]).reshape(-1, 3)
-    prim_vel = None
+    prim_vel = None  # static scenes: the plain (unchanged) cast
     if len(prims) and np.any(obj_vel != 0):
-        prim_vel = np.where((prims.instance >= 0)[:, None], obj_vel[np.maximum(prims.instance, 0)], 0.0) \
-            if len(obj_vel) else None
+        prim_vel = np.where((prims.instance >= 0)[:, None], obj_vel[np.maximum(prims.instance, 0)], 0.0)
     hits = cast_rays(o_w, d_w, prims, scn.ground, rng, heading=heading, ray_time=rel_t, prim_velocity=prim_vel)
 
     # ---- returns
@@ -343,7 +343,8 @@ def simulate_drive(sensor: str | SensorModel = "avia", seed: int = 0, n_frames: 
                    scene: Scene | str | None = None, moving_objects: bool = True, **options) -> list[SimFrame]:
     """Drive the ego along the road at ``speed_mps`` through one scene; one SimFrame per period.
 
-    Objects move with their velocities when ``moving_objects``; boxes are in each frame's sensor frame.
+    Objects move with their velocities when ``moving_objects`` (also within each frame); boxes follow the
+    time convention of :func:`simulate_frame` (docs/simulator.md).
     """
     return list(iter_drive(sensor, seed, n_frames, speed_mps, scene, moving_objects, **options))
 
