@@ -20,9 +20,10 @@ FRAMES_PER_SENSOR = 4
 SEED = 7
 # measured on this set for the committed models/lite.safetensors, minus a margin (docs/detector.md)
 MIN_AP = {
-    ("car", "bev@0.7"): 0.56,  # measured 0.666
-    ("car", "bev@0.5"): 0.68,  # measured 0.783
-    ("pedestrian", "bev@0.5"): 0.12,  # measured 0.215
+    ("car", "bev@0.7"): 0.52,  # measured 0.617
+    ("car", "bev@0.5"): 0.72,  # measured 0.822
+    ("pedestrian", "bev@0.5"): 0.15,  # measured 0.244
+    # cyclists: only 6 in this small set (AP 0.075), too few for a stable threshold; see docs/detector.md
 }
 
 
