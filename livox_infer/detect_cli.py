@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--no-compile", action="store_true", help="run the network eagerly")
     p.add_argument("--sensor-height", default="auto", help="metres from the sensor down to the ground, or 'auto'")
-    p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None)
+    p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None,
+                   help="known mounting tilt (default: estimated from each cloud)")
     p.add_argument("--intensity-scale", type=float, default=None, help="full-scale intensity (255 Livox, 1 for 0-1)")
     p.add_argument("--score-threshold", type=float, default=None, help="one score threshold for every class")
     p.add_argument("--tag-filter", default="high_confidence", choices=("off", "high_confidence", "strict"))
@@ -126,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         pipe = DetectionPipeline(
             args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
-            sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else None, intensity_scale=args.intensity_scale,
+            sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
             score_thresholds=args.score_threshold, tag_filter=args.tag_filter,
         )
         if pipe.compile_error:

@@ -8,7 +8,8 @@
 clouds levelled and shifted so the ground is at z ~ 0; boxes come back in the input frame.
 ``sensor_height="auto"`` estimates the ground plane (height and tilt) from each cloud
 (`livox_infer.model.ground.estimate_mount`) and takes the median over the last frames;
-``sensor_tilt`` = (pitch_deg, roll_deg) gives a known mounting tilt instead, or "auto".
+``sensor_tilt`` is estimated the same way by default ("auto"); (pitch_deg, roll_deg) gives a known
+mounting tilt instead, None a level sensor.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ class DetectionPipeline:
     compile: torch.compile the network + top-k decoding (static shapes, channels_last); falls back
         to eager with one warning if compilation fails. On CUDA, ``cuda_graphs`` uses mode="reduce-overhead".
     sensor_height: metres the ground lies below the sensor, or "auto" (estimated per cloud, smoothed).
-    sensor_tilt: None (estimate it when sensor_height is "auto", else level), "auto", or
-        (pitch_deg, roll_deg) of the sensor relative to the ground (pitch positive = nose down).
+    sensor_tilt: "auto" (default: ground-plane tilt estimated per cloud, also with a numeric
+        sensor_height), None or (0, 0) (level), or (pitch_deg, roll_deg) of the sensor relative to
+        the ground (pitch positive = nose down).
     intensity_scale: the sensor's full-scale intensity (255 for Livox reflectivity, 1.0 for 0-1 clouds);
         default: the model config's.
     score_thresholds: float, {class: float} or per-class sequence; default: the config's.
@@ -134,7 +136,7 @@ class DetectionPipeline:
         device: str = "auto",
         compile: bool = True,  # noqa: A002 - the user-facing name
         sensor_height: float | str = DEFAULT_SENSOR_HEIGHT,
-        sensor_tilt: Any = None,
+        sensor_tilt: Any = "auto",
         intensity_scale: float | None = None,
         score_thresholds: Any = None,
         roi: Any = None,
@@ -184,6 +186,11 @@ class DetectionPipeline:
         _inductor_cache_default()
         mode = "reduce-overhead" if self.device.type == "cuda" and self._net_params["cuda_graphs"] else None
         try:
+            if self.device.type == "cpu":
+                # inference-only: let inductor constant-fold the weights and pre-pack them for oneDNN
+                import torch._inductor.config as inductor_config
+
+                inductor_config.freezing = True
             compiled = torch.compile(infer, dynamic=False, fullgraph=True, mode=mode)
             with torch.no_grad():
                 for _ in range(3 if mode else 1):  # warm-up: compile (and record the CUDA graph) now
@@ -299,7 +306,7 @@ class DetectionPipeline:
     def current_mount(self, points: np.ndarray) -> Mount:
         """The ground plane to level this cloud with (fixed, or estimated and median-smoothed)."""
         sh, tilt = self._params["sensor_height"], self._params["sensor_tilt"]
-        tilt_auto = tilt == "auto" or (tilt is None and sh == "auto")
+        tilt_auto = tilt == "auto"
         if not tilt_auto:
             fixed = Mount.from_pitch_roll(0.0, *(tilt or (0.0, 0.0)))
             if sh != "auto":

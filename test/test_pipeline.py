@@ -137,13 +137,13 @@ class FixedRunner:
 
 
 def test_boxes_come_back_in_the_cloud_frame(small_model):
-    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6)
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, sensor_tilt=None)
     pipe._runner = FixedRunner(pipe.cfg.top_k)
     d = pipe.detect(scene_points(height=1.6))
     assert len(d) == 1 and d.boxes[0, 2] == pytest.approx(0.75 - 1.6, abs=1e-5)
     assert d.boxes[0, 0] == pytest.approx(12.0) and d.boxes[0, 6] == pytest.approx(0.1)
     # auto: the ground of this cloud is 1.1 m below the sensor
-    pipe.update(sensor_height="auto")
+    pipe.update(sensor_height="auto", sensor_tilt="auto")
     d = pipe.detect(scene_points(height=1.1))
     assert d.sensor_height == pytest.approx(1.1, abs=0.05)
     assert d.boxes[0, 2] == pytest.approx(0.75 - 1.1, abs=0.05)
