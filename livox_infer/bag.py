@@ -223,12 +223,16 @@ def custom_msg_to_cloud(msg: CustomMsgData, filters: DecodeFilter | None = None)
 # --------------------------------------------------------------------------- Detection3DArray
 
 
-def _yaw_quaternion(yaw: float) -> tuple[float, float, float, float]:
-    return 0.0, 0.0, math.sin(yaw / 2.0), math.cos(yaw / 2.0)
+def yaw_to_quaternion(yaw: float) -> tuple[float, float, float, float]:
+    """Rotation about +z by ``yaw`` radians as a unit quaternion (x, y, z, w)."""
+    half = 0.5 * float(yaw)
+    return 0.0, 0.0, math.sin(half), math.cos(half)
 
 
-def _quaternion_yaw(x: float, y: float, z: float, w: float) -> float:
-    return math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+def quaternion_to_yaw(x: float, y: float, z: float, w: float) -> float:
+    """Yaw (rotation about +z) of a quaternion, wrapped to [-pi, pi)."""
+    yaw = math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+    return (yaw + math.pi) % (2.0 * math.pi) - math.pi
 
 
 def wrap_angle(angle: np.ndarray) -> np.ndarray:
@@ -261,7 +265,7 @@ def detection3d_array_message(stamp_ns: int, frame_id: str, boxes: Any, labels: 
     header = Header(stamp=Time(sec=sec, nanosec=nanosec), frame_id=str(frame_id))
     detections = []
     for i, (box, label, score) in enumerate(zip(boxes, labels, scores)):
-        qx, qy, qz, qw = _yaw_quaternion(float(box[6]))
+        qx, qy, qz, qw = yaw_to_quaternion(float(box[6]))
         pose = Pose(position=Point(x=float(box[0]), y=float(box[1]), z=float(box[2])),
                     orientation=Quaternion(x=qx, y=qy, z=qz, w=qw))
         hypothesis = t["vision_msgs/msg/ObjectHypothesisWithPose"](
@@ -298,7 +302,7 @@ def detections_from_message(msg: Any) -> DetectionFrame:
         if class_id not in CLASS_NAMES:
             raise PointCloudError(f"unknown class_id {class_id!r}; expected one of {CLASS_NAMES}")
         c, s, q = det.bbox.center.position, det.bbox.size, det.bbox.center.orientation
-        yaw = _quaternion_yaw(q.x, q.y, q.z, q.w)
+        yaw = quaternion_to_yaw(q.x, q.y, q.z, q.w)
         boxes.append([c.x, c.y, c.z, s.x, s.y, s.z, yaw])
         labels.append(CLASS_NAMES.index(class_id))
         scores.append(best.hypothesis.score)

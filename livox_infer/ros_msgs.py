@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from livox_infer import CLASS_NAMES
+from livox_infer.bag import quaternion_to_yaw, yaw_to_quaternion  # noqa: F401 - re-exported for node code and tests
 
 # RGBA per class for markers; anything else (an unknown class name) is drawn grey.
 CLASS_COLORS: dict[str, tuple[float, float, float, float]] = {
@@ -48,18 +49,6 @@ def to_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
-
-
-def yaw_to_quaternion(yaw: float) -> tuple[float, float, float, float]:
-    """Rotation about +z by ``yaw`` radians as a unit quaternion (x, y, z, w)."""
-    half = 0.5 * float(yaw)
-    return 0.0, 0.0, math.sin(half), math.cos(half)
-
-
-def quaternion_to_yaw(x: float, y: float, z: float, w: float) -> float:
-    """Yaw (rotation about +z) of a quaternion, wrapped to [-pi, pi)."""
-    yaw = math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
-    return (yaw + math.pi) % (2.0 * math.pi) - math.pi
 
 
 def detection_class_names(detections, count: int) -> list[str]:
