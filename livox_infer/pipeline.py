@@ -343,7 +343,8 @@ class DetectionPipeline:
         t3 = time.perf_counter()
         p = self._params
         scores, labels, boxes = select_detections(
-            scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"]
+            scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
+            self.cfg.cross_class_iou,
         )
         boxes_np = unlevel_boxes(boxes.cpu().numpy(), mount)
         boxes_np[:, 6] = axis_angle(boxes_np[:, 6]).astype(np.float32)

@@ -47,6 +47,8 @@ def test_shipped_configs_load():
         {"score_thresholds": {"car": 0.3}},  # classes missing
         {"score_thresholds": 1.5},
         {"nms": {"iou_threshold": "x"}},
+        {"nms": {"cross_class_iou": 1.5}},
+        {"nms": {"cross_class_iou": "yes"}},
         {"surprise": 1},
         {"grid": {"cell_size": -1}},
     ],

@@ -85,6 +85,18 @@ def test_rotated_nms_is_class_wise_and_score_ordered():
     assert rotated_nms(boxes[:0], scores[:0], labels[:0], 0.5, 10).numel() == 0
 
 
+def test_rotated_nms_cross_class_suppresses_other_classes_on_the_same_object():
+    # a rider seen as pedestrian (0.6) and cyclist (0.5) at the same place, a pedestrian next to a car
+    boxes = torch.tensor([box(l=0.8, w=0.6), box(l=1.8, w=0.6), box(x=10, l=4, w=2), box(x=12.5, l=0.6, w=0.6)],
+                         dtype=torch.float32)
+    scores = torch.tensor([0.6, 0.5, 0.9, 0.4])
+    labels = torch.tensor([1, 2, 0, 1])
+    assert rotated_nms(boxes, scores, labels, 0.1, 10).tolist() == [2, 0, 1, 3]  # class-wise only
+    # IoU(ped, cyclist) = 0.48/1.08 > 0.3: the cyclist goes; the separate pedestrian stays
+    assert rotated_nms(boxes, scores, labels, 0.1, 10, cross_class_iou=0.3).tolist() == [2, 0, 3]
+    assert rotated_nms(boxes, scores, labels, 0.1, 10, cross_class_iou=0.5).tolist() == [2, 0, 1, 3]
+
+
 def test_points_in_boxes_counts_rotated_box():
     b = np.array([box(x=10, y=0, z=1, l=4, w=2, h=2, yaw=math.pi / 2)], np.float32)  # long axis along y
     pts = np.array([[10, 1.5, 1, 0], [10, -1.9, 0.1, 0], [11.5, 0, 1, 0], [10, 0, 2.5, 0]], np.float32)

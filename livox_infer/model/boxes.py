@@ -128,10 +128,13 @@ def iou_3d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter3 / (vol_a + vol_b - inter3).clamp_min(_EPS)
 
 
-def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, iou_threshold, max_keep: int) -> torch.Tensor:
+def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, iou_threshold, max_keep: int,
+                cross_class_iou: float | None = None) -> torch.Tensor:
     """Class-wise greedy NMS on rotated BEV IoU. Returns kept indices, best score first.
 
-    ``iou_threshold`` is a float or a per-class sequence (indexed by label).
+    ``iou_threshold`` is a float or a per-class sequence (indexed by label). With ``cross_class_iou``
+    a kept box also suppresses lower-scored boxes of *other* classes overlapping it by more than that:
+    one object gets one class (the network often fires pedestrian and cyclist on the same rider).
     """
     n = boxes.shape[0]
     if n == 0:
@@ -146,6 +149,8 @@ def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
     else:
         thr_row = np.asarray(iou_threshold, dtype=np.float64)[lab.cpu().numpy()]
     suppress = (iou > thr_row[:, None]) & same
+    if cross_class_iou is not None:
+        suppress |= (iou > float(cross_class_iou)) & ~same
     removed = np.zeros(n, dtype=bool)
     keep: list[int] = []
     for i in range(n):

@@ -70,6 +70,7 @@ class ModelConfig:
     score_thresholds: tuple[float, ...] = (0.3, 0.3, 0.3)
     nms_iou: tuple[float, ...] = (0.1, 0.1, 0.1)
     max_detections: int = 64
+    cross_class_iou: float | None = None  # None: classes never suppress each other
     weights: str = ""
     source: str = ""  # the file it was loaded from (not part of the architecture)
     extra: dict = field(default_factory=dict)
@@ -131,7 +132,7 @@ class ModelConfig:
         for sec, keys in (
             (bb, {"stem_channels", "stem_stride", "stem_blocks", "stage_channels", "stage_blocks", "neck_channels"}),
             (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k"}),
-            (nms, {"iou_threshold", "max_detections"}),
+            (nms, {"iou_threshold", "max_detections", "cross_class_iou"}),
         ):
             if not isinstance(sec, dict) or set(sec) - keys:
                 raise ConfigError(f"model config {source}: bad section {sec!r}; allowed keys {sorted(keys)}")
@@ -158,6 +159,9 @@ class ModelConfig:
         (max_objects,) = _positive_ints([hd.get("max_objects", 128)], "head.max_objects")
         (top_k,) = _positive_ints([hd.get("top_k", 64)], "head.top_k")
         (max_det,) = _positive_ints([nms.get("max_detections", 64)], "nms.max_detections")
+        cross = nms.get("cross_class_iou")
+        if cross is not None and not (isinstance(cross, (int, float)) and 0.0 <= float(cross) <= 1.0):
+            raise ConfigError(f"nms.cross_class_iou must be a number in [0, 1] or absent, got {cross!r}")
         overlap = float(hd.get("gaussian_overlap", 0.1))
         if not 0 < overlap < 1:
             raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")
@@ -180,6 +184,7 @@ class ModelConfig:
             score_thresholds=_per_class(d.get("score_thresholds", 0.3), classes, "score_thresholds", 0.0, 1.0),
             nms_iou=_per_class(nms.get("iou_threshold", 0.1), classes, "nms.iou_threshold", 0.0, 1.0),
             max_detections=max_det,
+            cross_class_iou=None if cross is None else float(cross),
             weights=str(d.get("weights", "")),
             source=source,
         )
@@ -238,6 +243,7 @@ class ModelConfig:
                 "top_k": self.top_k,
             },
             "score_thresholds": by(self.score_thresholds),
-            "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections},
+            "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections,
+                    **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
             "weights": self.weights,
         }

@@ -52,12 +52,14 @@ class InferenceModel(nn.Module):
 
 def select_detections(
     scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, score_thresholds, nms_iou, max_detections: int,
+    cross_class_iou: float | None = None,
 ):
-    """Per-class score thresholds, then class-wise rotated-BEV NMS. Inputs (k,), (k,), (k, 7)."""
+    """Per-class score thresholds, then rotated-BEV NMS (class-wise, plus cross-class when given).
+    Inputs (k,), (k,), (k, 7)."""
     thr = torch.as_tensor(score_thresholds, dtype=scores.dtype, device=scores.device)
     keep = scores >= thr[labels]
     scores, labels, boxes = scores[keep], labels[keep], boxes[keep]
-    idx = rotated_nms(boxes, scores, labels, list(nms_iou), max_detections)
+    idx = rotated_nms(boxes, scores, labels, list(nms_iou), max_detections, cross_class_iou)
     boxes = boxes[idx].clone()
     boxes[:, 6] = axis_angle(boxes[:, 6])
     return scores[idx], labels[idx], boxes

@@ -261,7 +261,7 @@ def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], 
         heads = net(bev[None].to(device))
         s, l, b = topk_decode(heads, cfg)
         s, l, b = select_detections(s[0].cpu(), l[0].cpu(), b[0].cpu(), [score_floor] * cfg.num_classes,
-                                    cfg.nms_iou, cfg.max_detections)
+                                    cfg.nms_iou, cfg.max_detections, cfg.cross_class_iou)
         dets.append(FrameBoxes(b.numpy(), l.numpy(), s.numpy()))
         gts.append(FrameBoxes(boxes, labels, None, npts))
     net.train(was_training)
