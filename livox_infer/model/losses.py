@@ -19,7 +19,7 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, b
 
 
 def gather_regression(heads: dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """Regression head values at flat head-cell indices: (B, max_objects, 8) in target order."""
+    """Regression head values at flat head-cell indices: (B, E, 8) in target order."""
     reg = torch.cat([heads[n] for n in HEAD_CHANNELS], dim=1)  # (B, 8, h, w)
     b, c = reg.shape[:2]
     reg = reg.reshape(b, c, -1)
@@ -29,12 +29,47 @@ def gather_regression(heads: dict[str, torch.Tensor], index: torch.Tensor) -> to
 REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # off_x off_y z log_l log_w log_h sin2yaw cos2yaw
 
 
-def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], reg_weight: float = 1.0):
-    """Total loss and its parts (as floats) for a batch."""
+def bev_corners_from_regression(reg: torch.Tensor, cell_size: float) -> torch.Tensor:
+    """(..., 8) regression entries -> (..., 4, 2) BEV corners in metres, relative to the entry's cell."""
+    cx, cy = reg[..., 0] * cell_size, reg[..., 1] * cell_size
+    length, width = torch.exp(reg[..., 3].clamp(-3.0, 3.5)), torch.exp(reg[..., 4].clamp(-3.0, 3.5))
+    yaw = 0.5 * torch.atan2(reg[..., 6], reg[..., 7])
+    c, s = torch.cos(yaw), torch.sin(yaw)
+    sx = reg.new_tensor([0.5, -0.5, -0.5, 0.5])
+    sy = reg.new_tensor([0.5, 0.5, -0.5, -0.5])
+    lx, ly = length[..., None] * sx, width[..., None] * sy
+    return torch.stack([cx[..., None] + c[..., None] * lx - s[..., None] * ly,
+                        cy[..., None] + s[..., None] * lx + c[..., None] * ly], dim=-1)
+
+
+def corner_loss(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, cell_size: float) -> torch.Tensor:
+    """Mean BEV corner distance (m) between predicted and target boxes, weighted per entry.
+
+    Couples centre, size and yaw the way IoU does: a 7 degree yaw error costs a 4.5 m car ~0.27 m at
+    its corners, where the (sin 2yaw, cos 2yaw) L1 term sees only 0.24. The corner order of a
+    rectangle turned by pi is shifted by two, so the smaller of the two orderings counts. Entries
+    whose predicted yaw vector is near zero (atan2 undefined) are left out."""
+    pc = bev_corners_from_regression(pred, cell_size)
+    tc = bev_corners_from_regression(target, cell_size)
+    d0 = (pc - tc).norm(dim=-1).mean(-1)
+    d1 = (pc - tc.roll(2, dims=-2)).norm(dim=-1).mean(-1)
+    ok = (pred[..., 6] ** 2 + pred[..., 7] ** 2 > 0.01).to(pred.dtype) * weight
+    return (torch.minimum(d0, d1) * ok).sum() / weight.sum().clamp_min(1.0)
+
+
+def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], reg_weight: float = 1.0,
+                   corner_weight: float = 0.0, cell_size: float = 1.0):
+    """Total loss and its parts (as floats) for a batch. ``corner_weight`` > 0 adds `corner_loss`
+    (``cell_size``: the head cell in metres, to put offsets in metres)."""
     hm = focal_loss(heads["heatmap"], targets["heatmap"])
     pred = gather_regression(heads, targets["index"])
     mask = targets["mask"][..., None]
     w = pred.new_tensor(REGRESSION_WEIGHTS)
     l1 = ((pred - targets["regression"]).abs() * mask * w).sum() / mask.sum().clamp_min(1.0)
     total = hm + reg_weight * l1
-    return total, {"heatmap": float(hm.detach()), "regression": float(l1.detach())}
+    parts = {"heatmap": float(hm.detach()), "regression": float(l1.detach())}
+    if corner_weight > 0:
+        corners = corner_loss(pred, targets["regression"], targets["mask"], cell_size)
+        total = total + corner_weight * corners
+        parts["corners"] = float(corners.detach())
+    return total, parts

@@ -53,17 +53,22 @@ def draw_gaussian(heatmap: np.ndarray, col: int, row: int, radius: int) -> None:
     np.maximum(region, patch, out=region)
 
 
-def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig) -> dict[str, np.ndarray]:
+def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig,
+                  neighbour_weight: float = 0.0) -> dict[str, np.ndarray]:
     """Targets for one frame. ``boxes`` (M, 7) with z relative to the ground (the voxelizer's frame).
 
-    Returns heatmap (K, h, w) f32, index (max_objects,) int64 flat head-cell index, mask
-    (max_objects,) f32, regression (max_objects, 8) f32 [off_x, off_y, z, log l, log w, log h, sin 2yaw, cos 2yaw],
-    label (max_objects,) int64. Boxes whose centre lies outside the grid get no target.
+    Returns heatmap (K, h, w) f32, index (E,) int64 flat head-cell index, mask (E,) f32 (the entry's
+    loss weight, 0 = unused), regression (E, 8) f32 [off_x, off_y, z, log l, log w, log h, sin 2yaw,
+    cos 2yaw], label (E,) int64, with E = max_objects, or 9 * max_objects when ``neighbour_weight`` > 0:
+    then the 8 cells around each centre cell also regress the box (offset measured from that cell,
+    weight ``neighbour_weight``), so a heatmap peak one cell off still decodes the right box (with
+    0.8 m head cells this happens often). Cells that are some box's centre cell keep that box.
+    Boxes whose centre lies outside the grid get no target.
     """
     hh, hw = cfg.head_shape
     cell = cfg.head_cell_size
     x0, y0 = cfg.grid.x_range[0], cfg.grid.y_range[0]
-    k = cfg.max_objects
+    k = cfg.max_objects * (9 if neighbour_weight > 0 else 1)
     heatmap = np.zeros((cfg.num_classes, hh, hw), np.float32)
     index = np.zeros(k, np.int64)
     mask = np.zeros(k, np.float32)
@@ -88,13 +93,32 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig) -> di
         flat = row * hw + col
         if n and np.any((index[:n] == flat) & (lab[:n] == c)):
             continue  # same class, same cell: one regression target per cell and class
-        if n >= k:
+        if n >= cfg.max_objects:
             continue
         index[n] = flat
         mask[n] = 1.0
         lab[n] = c
         reg[n] = (u - col, v - row, z, math.log(l), math.log(w), math.log(h), math.sin(2 * yaw), math.cos(2 * yaw))
         n += 1
+    if neighbour_weight > 0:
+        taken = {(int(index[i]), int(lab[i])) for i in range(n)}
+        for i in range(n):
+            flat, c = int(index[i]), int(lab[i])
+            row, col = divmod(flat, hw)
+            for dr in (-1, 0, 1):
+                for dc in (-1, 0, 1):
+                    r2, c2 = row + dr, col + dc
+                    if (dr == 0 and dc == 0) or not (0 <= r2 < hh and 0 <= c2 < hw) or n >= k:
+                        continue
+                    key = (r2 * hw + c2, c)
+                    if key in taken:
+                        continue
+                    taken.add(key)
+                    index[n], mask[n], lab[n] = key[0], neighbour_weight, c
+                    reg[n] = reg[i]
+                    reg[n, 0] -= dc  # offset from the neighbour cell
+                    reg[n, 1] -= dr
+                    n += 1
     return {"heatmap": heatmap, "index": index, "mask": mask, "regression": reg, "label": lab}
 
 

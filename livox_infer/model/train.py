@@ -38,6 +38,7 @@ from livox_infer.model.evaluate import FrameBoxes, evaluate
 from livox_infer.model.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
 from livox_infer.model.losses import detection_loss
 from livox_infer.model.network import build_model
+from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.postprocess import select_detections, topk_decode
 from livox_infer.model.targets import build_targets
 from livox_infer.model.weights import save_weights
@@ -210,26 +211,33 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
     return pts, boxes.astype(np.float32), labels, told
 
 
-def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants):
-    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points)."""
+def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
+            paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0):
+    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points).
+
+    With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
     if rng is None:
         pts, boxes, labels, mount = frame.points, frame.boxes, frame.labels, frame.mount
     else:
+        if paste_db is not None:
+            frame = paste_objects(frame, paste_db, rng)
         pts, boxes, labels, mount = augment(frame, rng)
     levelled = level_points(pts, mount)
     boxes = level_boxes(boxes, mount)
     npts = points_in_boxes(levelled, boxes)
     bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
     visible = npts >= TRAIN_MIN_POINTS
-    t = build_targets(boxes[visible], labels[visible], cfg)
+    t = build_targets(boxes[visible], labels[visible], cfg, neighbour_weight)
     return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts
 
 
 class BatchStream(torch.utils.data.IterableDataset):
     """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step)."""
 
-    def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int):
+    def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
+                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
+        self.paste_db, self.neighbour_weight = paste_db, neighbour_weight
 
     def __iter__(self):
         torch.set_num_threads(1)
@@ -239,7 +247,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
             bevs, tgts = [], []
             for i in idx:
-                bev, t, *_ = prepare(self.frames[i], rng, self.cfg, consts)
+                bev, t, *_ = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db, self.neighbour_weight)
                 bevs.append(bev)
                 tgts.append(t)
             yield step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]}
@@ -359,6 +367,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
+    p.add_argument("--paste-probability", type=float, default=0.6,
+                   help="share of training frames that get objects pasted in from other frames (0 = off)")
+    p.add_argument("--neighbour-weight", type=float, default=0.5,
+                   help="loss weight of box regression at the 8 cells around each centre (0 = centre only)")
+    p.add_argument("--corner-weight", type=float, default=1.0,
+                   help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
@@ -411,7 +425,14 @@ def _train(args: argparse.Namespace) -> int:
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
     args_json = json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}, sort_keys=True)
-    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps)
+    paste_db = None
+    if args.paste_probability > 0:
+        t0 = time.time()
+        paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=args.paste_probability),
+                                  seed=args.seed)
+        log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
+                 ", ".join(cfg.classes), time.time() - t0)
+    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4 if args.workers else None)
     history = []
@@ -432,13 +453,15 @@ def _train(args: argparse.Namespace) -> int:
             grp["lr"] = lr_at(progress, args.lr)
         bev = bev.to(device, non_blocking=True)
         tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
-        loss, parts = detection_loss(net(bev), tgt)
+        loss, parts = detection_loss(net(bev), tgt, corner_weight=args.corner_weight, cell_size=cfg.head_cell_size)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
         opt.step()
         ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
-        bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+        bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}",
+                        **({"corners": f"{ema['corners']:.3f}"} if "corners" in ema else {}),
+                        lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1
         out_of_time = progress >= 1.0
         if done % args.val_every == 0 or done == args.steps or out_of_time:

@@ -1,0 +1,305 @@
+"""Training pieces: object pasting, neighbour regression targets, corner loss, and `livox-infer train` itself
+(runs, logs validation AP, writes safetensors, resumes, is reproducible)."""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+from livox_infer.model import ModelConfig
+from livox_infer.model import train as train_mod
+from livox_infer.model.losses import bev_corners_from_regression, corner_loss, detection_loss
+from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
+from livox_infer.model.targets import build_targets
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- object pasting
+
+
+def _ground(x_max=40.0, step=0.25, height=1.5):
+    xs, ys = np.meshgrid(np.arange(2.0, x_max, step), np.arange(-10.0, 10.0, step))
+    return np.c_[xs.ravel(), ys.ravel(), np.full(xs.size, -height), np.full(xs.size, 20.0)].astype(np.float32)
+
+
+def _cluster(cx, cy, l, w, h, height=1.5, n=200, seed=0):
+    """Points filling a box standing on the ground (sensor frame: ground at z = -height)."""
+    r = np.random.default_rng(seed)
+    p = np.c_[r.uniform(cx - l / 2, cx + l / 2, n), r.uniform(cy - w / 2, cy + w / 2, n),
+              r.uniform(-height + 0.15, -height + h, n), np.full(n, 50.0)]
+    return p.astype(np.float32)
+
+
+def _wall(x, height=1.5):
+    ys, zs = np.meshgrid(np.arange(-6.0, 6.0, 0.05), np.arange(-height + 0.1, 2.0, 0.05))
+    return np.c_[np.full(ys.size, x), ys.ravel(), zs.ravel(), np.full(ys.size, 10.0)].astype(np.float32)
+
+
+def _frame(points, boxes, labels, height=1.5, sensor="avia"):
+    return train_mod.Frame(np.asarray(points, np.float32), np.asarray(boxes, np.float32).reshape(-1, 7),
+                           np.asarray(labels, np.int64), height, np.array([0, 0, 1], np.float32), sensor)
+
+
+def _source_db(box, label=2, sensor="avia"):
+    x, y, _, l, w, h, _ = box
+    src = _frame(np.r_[_ground(), _cluster(x, y, l, w, h)], [box], [label], sensor=sensor)
+    return ObjectDatabase([src], 3, PasteConfig(probability=1.0, max_per_frame=(0, 0, 1), min_points=(30, 8, 10)))
+
+
+def test_database_cuts_object_without_ground():
+    box = [15.0, 0.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]  # cyclist standing on the ground 1.5 m below the sensor
+    db = _source_db(box)
+    assert db.count() == [0, 0, 1] and db.count("avia") == [0, 0, 1] and db.count("mid40") == [0, 0, 0]
+    obj = db.objects["avia"][2][0]
+    assert obj.points.shape[0] == 200  # all the cluster, none of the ground grid inside the box footprint
+    assert obj.points[:, 2].min() > 0.08  # levelled frame: ground at 0
+    assert abs(obj.box[2] - 0.85) < 1e-5
+
+
+def test_paste_removes_what_the_object_hides_and_keeps_the_rest():
+    box = [15.0, 0.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]
+    db = _source_db(box)
+    wall = _wall(30.0)
+    target = _frame(np.r_[_ground(), wall], np.zeros((0, 7)), [])
+    out = paste_objects(target, db, np.random.default_rng(0))
+    assert out is not target
+    assert out.labels.tolist() == [2] and out.sensor_height == 0.0 and out.up.tolist() == [0, 0, 1]
+    assert np.allclose(out.boxes[0, :2], box[:2]) and abs(out.boxes[0, 2] - 0.85) < 1e-5  # levelled frame
+    # the wall (levelled: x = 30) lost its points in the object's shadow, and only those
+    wall_out = out.points[out.points[:, 3] == 10.0]  # the wall's intensity
+    assert 0 < wall.shape[0] - wall_out.shape[0] < 0.2 * wall.shape[0]
+    shadow = (np.abs(wall_out[:, 1]) < 0.25 * 30 / 15) & (wall_out[:, 2] > 0.3 * 30 / 15) & (wall_out[:, 2] < 1.5)
+    assert not shadow.any()
+    # far off the shadow the wall is intact
+    side = np.abs(wall[:, 1]) > 3.0
+    assert np.count_nonzero(np.abs(wall_out[:, 1]) > 3.0) == np.count_nonzero(side)
+    # the object's points are all there (nothing in front of it)
+    assert np.count_nonzero(out.points[:, 3] == 50.0) == 200
+
+
+def test_paste_rejected_behind_a_wall_inside_an_obstacle_or_on_a_box():
+    box = [15.0, 0.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]
+    db = _source_db(box)
+    rng = np.random.default_rng(0)
+    hidden = _frame(np.r_[_ground(), _wall(8.0)], np.zeros((0, 7)), [])
+    assert paste_objects(hidden, db, rng) is hidden  # every point of the object is behind the wall
+    obstacle = _frame(np.r_[_ground(), _cluster(15.0, 0.3, 1.0, 1.0, 2.0, seed=3)], np.zeros((0, 7)), [])
+    assert paste_objects(obstacle, db, rng) is obstacle  # a tree trunk / wall stands there
+    car = [15.5, 1.0, -0.75, 4.5, 1.8, 1.5, 0.0]
+    occupied = _frame(_ground(), [car], [0])
+    assert paste_objects(occupied, db, rng) is occupied  # would overlap a labelled box
+    other_sensor = _frame(_ground(), np.zeros((0, 7)), [], sensor="horizon")
+    assert paste_objects(other_sensor, db, rng) is other_sensor  # a different scan pattern: never mixed
+
+
+def test_paste_probability_zero_and_seeded():
+    box = [15.0, 0.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]
+    src = _frame(np.r_[_ground(), _cluster(15, 0, 1.8, 0.6, 1.7)], [box], [2])
+    off = ObjectDatabase([src], 3, PasteConfig(probability=0.0))
+    target = _frame(_ground(), np.zeros((0, 7)), [])
+    assert paste_objects(target, off, np.random.default_rng(1)) is target
+    db = _source_db(box)
+    a = paste_objects(target, db, np.random.default_rng(7))
+    b = paste_objects(target, db, np.random.default_rng(7))
+    assert np.array_equal(a.points, b.points) and np.array_equal(a.boxes, b.boxes)
+
+
+# --------------------------------------------------------------------------- targets and losses
+
+
+def _small_config():
+    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
+    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
+    d["backbone"] = {"stem_channels": 4, "stem_stride": 2, "stage_channels": [8, 8], "stage_blocks": [1, 1],
+                     "neck_channels": 8}
+    d["head"]["head_channels"] = 8
+    d["weights"] = "tiny.safetensors"
+    return d
+
+
+def test_neighbour_targets_decode_the_same_box_from_every_cell():
+    cfg = ModelConfig.from_dict(_small_config(), source="test")
+    boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0]], np.float32)
+    centre = build_targets(boxes, np.array([0, 1]), cfg)
+    t = build_targets(boxes, np.array([0, 1]), cfg, neighbour_weight=0.5)
+    assert np.array_equal(t["heatmap"], centre["heatmap"])
+    n = int(np.count_nonzero(t["mask"]))
+    assert n == 18 and math.isclose(t["mask"].sum(), 2 + 16 * 0.5)
+    _, hw = cfg.head_shape
+    cell = cfg.head_cell_size
+    for i in range(n):
+        row, col = divmod(int(t["index"][i]), hw)
+        r = t["regression"][i]
+        x = (col + r[0]) * cell + cfg.grid.x_range[0]
+        y = (row + r[1]) * cell + cfg.grid.y_range[0]
+        want = boxes[t["label"][i]]
+        assert abs(x - want[0]) < 1e-4 and abs(y - want[1]) < 1e-4
+        assert np.allclose(np.exp(r[3:6]), want[3:6], atol=1e-4)
+
+
+def test_neighbour_cells_do_not_take_another_objects_centre():
+    cfg = ModelConfig.from_dict(_small_config(), source="test")
+    cell = cfg.head_cell_size
+    # two pedestrians in adjacent head cells: each centre cell keeps its own box
+    boxes = np.array([[10.0 + 0.5 * cell, 0.5 * cell, 0.9, 0.6, 0.6, 1.7, 0.0],
+                      [10.0 + 1.5 * cell, 0.5 * cell, 0.9, 0.6, 0.6, 1.7, 0.0]], np.float32)
+    t = build_targets(boxes, np.array([1, 1]), cfg, neighbour_weight=0.5)
+    centres = t["index"][t["mask"] == 1.0]
+    assert len(set(centres.tolist())) == 2
+    for c in centres:
+        assert np.count_nonzero((t["index"] == c) & (t["mask"] > 0)) == 1
+
+
+def test_corner_loss():
+    reg = torch.tensor([[0.4, 0.6, 0.8, math.log(4.5), math.log(1.8), math.log(1.5), math.sin(0.8), math.cos(0.8)]])
+    w = torch.ones(1)
+    assert float(corner_loss(reg, reg, w, 0.8)) < 1e-5
+    # the same rectangle turned by pi (other corner order) is the same box
+    turned = reg.clone()
+    turned[0, 6:] = torch.tensor([math.sin(0.8 + 2 * math.pi), math.cos(0.8 + 2 * math.pi)])
+    assert float(corner_loss(turned, reg, w, 0.8)) < 1e-5
+    # a 7 degree yaw error on a 4.5 m x 1.8 m car: mean corner distance = 2 * sin(3.5 deg) * half diagonal
+    yaw_err = reg.clone()
+    a = 0.4 + math.radians(7)
+    yaw_err[0, 6:] = torch.tensor([math.sin(2 * a), math.cos(2 * a)])
+    expect = 2 * math.sin(math.radians(3.5)) * 0.5 * math.hypot(4.5, 1.8)
+    assert abs(float(corner_loss(yaw_err, reg, w, 0.8)) - expect) < 1e-4
+    # a 0.1-cell centre shift moves every corner by 0.1 * cell
+    shift = reg.clone()
+    shift[0, 0] += 0.1
+    assert abs(float(corner_loss(shift, reg, w, 0.8)) - 0.08) < 1e-5
+    assert float(corner_loss(shift, reg, torch.zeros(1), 0.8)) == 0.0
+    corners = bev_corners_from_regression(reg, 0.8)
+    assert corners.shape == (1, 4, 2)
+    # gradients are finite and reach every regression channel but z / height
+    p = yaw_err.clone().requires_grad_(True)
+    corner_loss(p + torch.tensor([0.05, -0.05, 0, 0.1, -0.1, 0, 0, 0]), reg, w, 0.8).backward()
+    g = p.grad[0]
+    assert torch.isfinite(g).all() and (g[[0, 1, 3, 4, 6, 7]] != 0).all() and (g[[2, 5]] == 0).all()
+
+
+def test_detection_loss_with_corners_and_neighbours():
+    cfg = ModelConfig.from_dict(_small_config(), source="test")
+    torch.manual_seed(0)
+    from livox_infer.model import build_model
+
+    net = build_model(cfg)
+    boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4]], np.float32)
+    t = {k: torch.from_numpy(v)[None] for k, v in build_targets(boxes, np.array([0]), cfg, 0.5).items()}
+    bev = torch.rand(1, *cfg.grid.shape)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss, parts = detection_loss(net(bev), t, corner_weight=1.0, cell_size=cfg.head_cell_size)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append((float(loss.detach()), parts))
+    assert set(parts) == {"heatmap", "regression", "corners"}
+    # at initialisation the yaw outputs are ~0 (atan2 undefined): the corner term starts once they are not
+    assert losses[0][1]["corners"] == 0.0 and 0 < parts["corners"]
+    assert losses[-1][0] < 0.7 * losses[0][0] and parts["regression"] < losses[0][1]["regression"]
+
+
+# --------------------------------------------------------------------------- livox-infer train
+
+
+def _train_args(tmp_path, cfg_path, **over):
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    args = p.parse_args(["--config", str(cfg_path), "--work-dir", str(tmp_path / "work"), "--out",
+                         str(tmp_path / "best.safetensors"), "--train-frames", "50", "--val-frames", "10",
+                         "--steps", "4", "--batch", "2", "--val-every", "2", "--threads", "1", "--workers", "0",
+                         "--seed", "3"])
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    """One 50-frame training shard and one validation shard of the tiny config, simulated once (~10 s)."""
+    root = tmp_path_factory.mktemp("train")
+    cfg_path = root / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump(_small_config()))
+    args = _train_args(root, cfg_path, data_only=True)
+    assert train_mod.main(args) == 0
+    return root, cfg_path
+
+
+def _fresh_run(tiny_dataset, tmp_path, **over):
+    root, cfg_path = tiny_dataset
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    for f in (root / "work" / "data").glob("*.npz"):
+        (work / "data" / f.name).symlink_to(f)
+    args = _train_args(tmp_path, cfg_path, **over)
+    return args, work
+
+
+def _tensors(path):
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
+    args, work = _fresh_run(tiny_dataset, tmp_path)
+    assert train_mod.main(args) == 0
+    _, meta = _tensors(tmp_path / "best.safetensors")
+    assert meta["trained"] == "yes" and int(meta["step"]) in (2, 4)
+    assert set(json.loads(meta["val_ap"])) == {"car", "pedestrian", "cyclist"}
+    hist = [json.loads(line) for line in (work / "history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in hist] == [2, 4]
+    assert "corners" in hist[0]["loss"] and "bev@0.7" in hist[0]["val"]["ap"]["car"]
+    # the weights load into the pipeline's model
+    from livox_infer.model import build_model, load_weights
+
+    cfg = ModelConfig.load(args.config)
+    load_weights(build_model(cfg), cfg, tmp_path / "best.safetensors")
+
+
+def test_train_is_reproducible_and_resumes_to_the_same_weights(tiny_dataset, tmp_path, monkeypatch):
+    a_args, _ = _fresh_run(tiny_dataset, tmp_path / "a")
+    assert train_mod.main(a_args) == 0
+    ckpt_a, _ = _tensors(tmp_path / "a" / "work" / "checkpoint.safetensors")
+    # same seed, same data: identical checkpoint
+    b_args, _ = _fresh_run(tiny_dataset, tmp_path / "b")
+    assert train_mod.main(b_args) == 0
+    ckpt_b, _ = _tensors(tmp_path / "b" / "work" / "checkpoint.safetensors")
+    assert ckpt_a.keys() == ckpt_b.keys() and all(torch.equal(ckpt_a[k], ckpt_b[k]) for k in ckpt_a)
+    # killed right after the step-2 checkpoint, resumed: the same weights as the uninterrupted run
+    c_args, _ = _fresh_run(tiny_dataset, tmp_path / "c")
+    original = train_mod.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(path, net, opt, cfg, step, *rest):
+        original(path, net, opt, cfg, step, *rest)
+        if step == 2:
+            raise Killed
+
+    monkeypatch.setattr(train_mod, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train_mod.main(c_args)
+    monkeypatch.setattr(train_mod, "save_checkpoint", original)
+    c_args.resume = True
+    assert train_mod.main(c_args) == 0
+    ckpt_c, meta = _tensors(tmp_path / "c" / "work" / "checkpoint.safetensors")
+    assert meta["step"] == "4"
+    model_keys = [k for k in ckpt_a if k.startswith("model.")]
+    assert all(torch.allclose(ckpt_a[k], ckpt_c[k], atol=1e-6) for k in model_keys)
+
+
+def test_train_rejects_bad_sim_option(tiny_dataset, tmp_path, capsys):
+    args, _ = _fresh_run(tiny_dataset, tmp_path, sim_option=["n_cyclists"])
+    assert train_mod.main(args) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
