@@ -33,7 +33,7 @@ NODE_NAME = "livox_detector"
 
 # Parameters whose change needs a new pipeline (new network / device / weights); the rest are
 # applied in place with DetectionPipeline.update().
-REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile"})
+REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package"})
 # Parameters only the node itself uses (no pipeline involvement).
 NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
                               "diagnostics_period", "latency_window"})
@@ -67,6 +67,8 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
               "Change rebuilds."),
     ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
+    ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
+              "compiled ahead of time with its weights, no compiler needed; empty = off. Change rebuilds."),
     ParamSpec("score_threshold_car", 0.3, "Minimum score of a published car.", float_range=(0.0, 1.0)),
     ParamSpec("score_threshold_pedestrian", 0.25, "Minimum score of a published pedestrian.",
               float_range=(0.0, 1.0)),
@@ -129,6 +131,7 @@ def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
         "weights": values["weights"] or None,
         "device": values["device"],
         "compile": bool(values["use_compile"]),
+        "aoti_package": values["aoti_package"] or None,
         "score_thresholds": {
             "car": float(values["score_threshold_car"]),
             "pedestrian": float(values["score_threshold_pedestrian"]),
@@ -443,6 +446,8 @@ class DetectorNode(Node):
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
         p = self._pipeline
+        if getattr(p, "network_backend", None):  # DetectionPipeline: eager | compiled | aoti
+            return f"{p.device} ({p.network_backend})"
         backend = getattr(p, "backend", None) or getattr(p, "device", None) or self._values["device"]
         compiled = getattr(p, "compiled", None)
         return str(backend) if compiled is None else f"{backend} ({'compiled' if compiled else 'eager'})"

@@ -127,6 +127,10 @@ class DetectionPipeline:
     tag_filter: Livox tag filter "off" | "high_confidence" | "strict" (clouds without tags unaffected).
     max_range / min_range: euclidean range window (m) or None.
     nms_iou, max_detections: override the config's NMS parameters.
+    aoti_package: an AOTInductor package from `livox-infer export` (network + decoding compiled ahead of
+        time, weights inside): used instead of torch.compile / the weights file, so the machine needs
+        no compiler. Must match the model config (checked); ``weights``, if also given, must be the file
+        it was exported from.
     """
 
     def __init__(
@@ -146,9 +150,11 @@ class DetectionPipeline:
         nms_iou: Any = None,
         max_detections: int | None = None,
         cuda_graphs: bool = True,
+        aoti_package: str | Path | None = None,
     ) -> None:
         self._params: dict[str, Any] = {}
-        self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs)
+        self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
+                                aoti_package=aoti_package)
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
@@ -165,6 +171,13 @@ class DetectionPipeline:
         if dev not in ("auto", "cpu", "cuda") and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
         self.device = resolve_device(dev)  # BackendError for cuda without a GPU
+        self.network_backend = "eager"
+        self._input = torch.zeros((1, *self.cfg.grid.shape), device=self.device).contiguous(
+            memory_format=torch.channels_last
+        )
+        if p.get("aoti_package"):
+            self._load_package(Path(p["aoti_package"]))
+            return
         net = build_model(self.cfg)
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
         self.weights_meta = load_weights(net, self.cfg, weights)
@@ -176,11 +189,26 @@ class DetectionPipeline:
         self._runner = infer
         self.compiled = False
         self.compile_error: str | None = None
-        self._input = torch.zeros((1, *self.cfg.grid.shape), device=self.device).contiguous(
-            memory_format=torch.channels_last
-        )
         if p["compile"]:
             self._compile(infer)
+
+    def _load_package(self, path: Path) -> None:
+        from livox_infer.errors import WeightsError
+        from livox_infer.model.export import AotiRunner, file_sha256
+
+        runner = AotiRunner(path, self.cfg, self.device)
+        weights = self._net_params["weights"]
+        if weights and file_sha256(weights) != runner.metadata.get("weights_sha256"):
+            raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")
+        self.weights_meta = {k: v for k, v in runner.metadata.items() if k in ("trained", "weights_file", "weights_sha256")}
+        self.weights_file = path
+        self._eager = None
+        self._runner = runner
+        self.compiled = True
+        self.compile_error = None
+        self.network_backend = "aoti"
+        with torch.no_grad():
+            runner(self._input)  # warm-up: first call allocates
 
     def _compile(self, infer: torch.nn.Module) -> None:
         _inductor_cache_default()
@@ -197,6 +225,7 @@ class DetectionPipeline:
                     compiled(self._input)
             self._runner = compiled
             self.compiled = True
+            self.network_backend = "compiled"
         except Exception as exc:  # noqa: BLE001 - any compiler failure: keep running eagerly
             self.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("torch.compile failed, running the network eagerly: %s", self.compile_error)
@@ -206,7 +235,7 @@ class DetectionPipeline:
     def update(self, **params: Any) -> None:
         """Change parameters at run time. model/weights/device/compile/cuda_graphs rebuild the network;
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
-        net_keys = {"model", "weights", "device", "compile", "cuda_graphs"}
+        net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections",

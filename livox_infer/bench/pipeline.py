@@ -2,7 +2,7 @@
 
 Frames come from the simulator (one drive, so the mount is fixed), encoded as Livox PointCloud2
 ("livox" layout: x y z intensity tag line timestamp, no-returns included as the driver sends them).
-Each mode (eager, compiled) builds its own DetectionPipeline, warms up, then times every stage of
+Each mode (eager, compiled, aoti = an AOTInductor package from `livox-infer export`) builds its own DetectionPipeline, warms up, then times every stage of
 ``iters`` calls; the table shows p50 / p99 in milliseconds. On CUDA the compiled mode uses CUDA graphs
 (mode="reduce-overhead").
 """
@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (ground estimated per frame)")
-    p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled")
+    p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
+    p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -56,7 +57,7 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
 
     t0 = time.perf_counter()
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
-                             sensor_height=sensor_height)
+                             sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None)
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)
@@ -80,8 +81,11 @@ def main(args: argparse.Namespace) -> int:
         sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
         results = {}
         for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if mode not in ("eager", "compiled"):
+            if mode not in ("eager", "compiled", "aoti"):
                 print(f"unknown mode {mode!r}", file=sys.stderr)
+                return 2
+            if mode == "aoti" and not args.aoti_package:
+                print("mode aoti needs --aoti-package (make one with `livox-infer export`)", file=sys.stderr)
                 return 2
             results[mode] = run_mode(msgs, mode, args, sh)
     except LivoxInferError as exc:

@@ -1,0 +1,160 @@
+"""`livox-infer export`: AOTInductor package (.pt2) of network + top-k decoding, for machines without a compiler.
+
+``torch.compile`` needs a C++ compiler and Python headers on the robot and compiles at every
+start-up (cache permitting). An AOTInductor package is compiled once, here, into a shared library
+plus the weights; the robot only loads it (``DetectionPipeline(aoti_package=...)``, node parameter
+``aoti_package``, ``livox-infer detect --aoti-package``). Same static shapes, channels_last and folded
+BatchNorm as the compiled path.
+
+The package is native code: load only packages you built. It is tied to the model config it was
+exported with (architecture hash in its metadata, checked at load), to the CPU ISA / GPU it was
+built for, and to the torch version (re-export after upgrading torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from livox_infer.errors import ConfigError, LivoxInferError, WeightsError
+from livox_infer.model.config import ModelConfig
+from livox_infer.model.network import build_model, fuse_batchnorm
+from livox_infer.model.postprocess import InferenceModel
+from livox_infer.model.weights import load_weights
+
+log = logging.getLogger("livox_infer.export")
+PACKAGE_FORMAT = "livox_infer.aoti.v1"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def inference_module(cfg: ModelConfig, weights: str | Path, device: torch.device) -> tuple[torch.nn.Module, dict]:
+    """Eval-mode network + decoding with BatchNorm folded, channels_last, on ``device``; and the weights' metadata."""
+    net = build_model(cfg)
+    meta = load_weights(net, cfg, weights)
+    net.eval()
+    fuse_batchnorm(net)
+    infer = InferenceModel(net, cfg).to(device).to(memory_format=torch.channels_last).eval()
+    return infer, meta
+
+
+def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, device: str = "cpu") -> Path:
+    """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path."""
+    from livox_infer.voxelize.voxelizer import resolve_device
+
+    dev = resolve_device(device)
+    weights = Path(weights)
+    infer, meta = inference_module(cfg, weights, dev)
+    example = torch.zeros((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
+    metadata = {
+        "format": PACKAGE_FORMAT,
+        "config_name": cfg.name,
+        "architecture_hash": cfg.architecture_hash(),
+        "weights_file": weights.name,
+        "weights_sha256": file_sha256(weights),
+        "trained": meta.get("trained", "no"),
+        "torch_version": torch.__version__,
+        "device_type": dev.type,
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        program = torch.export.export(infer, (example,), strict=False)
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(out), inductor_configs={"aot_inductor.metadata": metadata}
+        )
+    return Path(path)
+
+
+class AotiRunner:
+    """A loaded package, callable like the InferenceModel: (1, C, H, W) -> (scores, labels, boxes)."""
+
+    def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise WeightsError(f"AOTInductor package not found: {path} (make one with `livox-infer export`)")
+        try:
+            self._model = torch._inductor.aoti_load_package(str(path))
+            meta = dict(self._model.get_metadata())
+        except Exception as exc:  # noqa: BLE001 - a foreign/corrupt zip, wrong platform, missing symbols
+            raise WeightsError(f"{path} is not a loadable AOTInductor package: {type(exc).__name__}: {exc}") from exc
+        if meta.get("format") != PACKAGE_FORMAT:
+            raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
+        if meta.get("architecture_hash") != cfg.architecture_hash():
+            raise WeightsError(
+                f"{path} was exported for model config {meta.get('config_name')!r} with another architecture "
+                f"than {cfg.source or cfg.name}; export it again with this config"
+            )
+        if meta.get("device_type") != device.type:
+            raise WeightsError(f"{path} was built for {meta.get('device_type')}, the pipeline runs on {device.type}")
+        if meta.get("torch_version") != torch.__version__:
+            log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
+                        path, meta.get("torch_version"), torch.__version__)
+        self.path = path
+        self.metadata = meta
+
+    def __call__(self, bev: torch.Tensor):
+        return tuple(self._model(bev))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda: what the package will run on")
+    p.add_argument("--out", default=None, help="package path (default: <config>.<device>.pt2 in the current directory)")
+    p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = ModelConfig.load(args.config)
+        if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
+            raise ConfigError(f"--device must be cpu or cuda, got {args.device!r}")
+        weights = Path(args.weights) if args.weights else cfg.weights_path()
+        out = Path(args.out or f"{cfg.name}.{str(args.device).split(':')[0]}.pt2")
+        t0 = time.time()
+        path = export_package(cfg, weights, out, args.device)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s")
+        if args.check:
+            print(check_package(path, cfg, weights, args.device))
+    except LivoxInferError as exc:
+        print(f"livox-infer export: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def check_package(path: Path, cfg: ModelConfig, weights: Path, device: str = "cpu", iters: int = 20) -> str:
+    """Largest output difference vs the eager module on a random BEV, and the time per call of both."""
+    from livox_infer.voxelize.voxelizer import resolve_device
+
+    dev = resolve_device(device)
+    runner = AotiRunner(path, cfg, dev)
+    infer, _ = inference_module(cfg, weights, dev)
+    x = torch.rand((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        a, b = infer(x), runner(x)
+        out["max_abs_diff"] = max(float((u.float() - v.float()).abs().max()) for u, v in zip(a, b))
+        for name, fn in (("eager_ms", infer), ("package_ms", runner)):
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn(x)
+            out[name] = round((time.perf_counter() - t) / iters * 1000, 2)
+    return ", ".join(f"{k} {v}" for k, v in out.items())

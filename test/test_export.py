@@ -1,0 +1,113 @@
+"""`livox-infer export` (AOTInductor package) and the pipeline running it: same outputs as eager, checked metadata.
+
+One package of a tiny config is compiled for the module (~20-40 s of C++ compilation on CPU)."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from livox_infer.cli import main as cli_main
+from livox_infer.errors import WeightsError
+from livox_infer.model import ModelConfig, build_model, save_weights
+from livox_infer.model.export import AotiRunner, inference_module
+from livox_infer.pipeline import DetectionPipeline
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                reason="AOTInductor export needs a C++ compiler")
+
+
+def _tiny_config(channels=4):
+    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
+    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
+    d["backbone"] = {"stem_channels": channels, "stem_stride": 2, "stage_channels": [8, 8], "stage_blocks": [1, 1],
+                     "neck_channels": 8}
+    d["head"].update(head_channels=8, top_k=16)
+    d["score_thresholds"] = 0.0
+    d["weights"] = "tiny.safetensors"
+    return d
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    cfg_path = root / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump(_tiny_config()))
+    cfg = ModelConfig.load(cfg_path)
+    torch.manual_seed(0)
+    net = build_model(cfg)
+    with torch.no_grad():  # non-trivial BatchNorm statistics, so folding them is exercised
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+    save_weights(net, cfg, root / "tiny.safetensors", extra={"trained": "no"})
+    out = root / "tiny.cpu.pt2"
+    rc = cli_main(["export", "--config", str(cfg_path), "--out", str(out), "--check"])
+    assert rc == 0 and out.is_file()
+    return cfg_path, root / "tiny.safetensors", out
+
+
+def test_package_matches_eager(package, capsys):
+    cfg_path, weights, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    assert runner.metadata["architecture_hash"] == cfg.architecture_hash()
+    infer, _ = inference_module(cfg, weights, torch.device("cpu"))
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.rand(1, *cfg.grid.shape).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            (s0, l0, b0), (s1, l1, b1) = infer(x), runner(x)
+        assert torch.allclose(s0, s1, atol=1e-5) and torch.equal(l0, l1) and torch.allclose(b0, b1, atol=1e-4)
+
+
+def test_pipeline_with_package_gives_the_eager_detections(package):
+    cfg_path, weights, pkg = package
+    rng = np.random.default_rng(0)
+    cloud = np.c_[rng.uniform(0, 25, (3000, 2)) * [1, 1] - [0, 12], rng.uniform(-1.5, 1.0, 3000),
+                  rng.uniform(0, 255, 3000)].astype(np.float32)
+    eager = DetectionPipeline(cfg_path, weights=weights, compile=False, sensor_height=1.5, device="cpu")
+    aoti = DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    assert aoti.network_backend == "aoti" and eager.network_backend == "eager"
+    assert aoti.weights_meta["trained"] == "no"
+    a, b = eager.detect(cloud), aoti.detect(cloud)
+    assert len(a) > 0 and len(a) == len(b)
+    assert np.allclose(a.boxes, b.boxes, atol=1e-4) and np.allclose(a.scores, b.scores, atol=1e-5)
+    # the exporting weights file may be named too; another file is refused
+    DetectionPipeline(cfg_path, weights=weights, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    other = weights.with_name("other.safetensors")
+    torch.manual_seed(5)
+    save_weights(build_model(ModelConfig.load(cfg_path)), ModelConfig.load(cfg_path), other)
+    with pytest.raises(WeightsError, match="not exported from"):
+        DetectionPipeline(cfg_path, weights=other, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    # switching at run time goes back to the plain network
+    aoti.update(aoti_package=None, compile=False)
+    assert aoti.network_backend == "eager" and len(aoti.detect(cloud)) == len(a)
+
+
+def test_package_errors(package, tmp_path):
+    cfg_path, _, pkg = package
+    with pytest.raises(WeightsError, match="not found"):
+        AotiRunner(tmp_path / "missing.pt2", ModelConfig.load(cfg_path), torch.device("cpu"))
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(WeightsError, match="not a loadable"):
+        AotiRunner(junk, ModelConfig.load(cfg_path), torch.device("cpu"))
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(_tiny_config(channels=6)))
+    with pytest.raises(WeightsError, match="another architecture"):
+        DetectionPipeline(other, aoti_package=pkg, sensor_height=1.5, device="cpu")
+
+
+def test_export_cli_errors(tmp_path, capsys):
+    assert cli_main(["export", "--config", "lite", "--weights", str(tmp_path / "none.safetensors"),
+                     "--out", str(tmp_path / "x.pt2")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert cli_main(["export", "--config", "lite", "--device", "tpu"]) == 2
+    assert "--device" in capsys.readouterr().err
