@@ -297,7 +297,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-points", type=int, default=DEFAULT_MIN_POINTS, help="ignore GT with fewer lidar points")
     p.add_argument("--region", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
                    help="evaluate only inside this BEV rectangle (default: the model's grid)")
+    p.add_argument("--score-threshold", default="0.1",
+                   help="keep detections down to this score for the AP ranking (default 0.1, as OpenPCDet "
+                        "evaluates); 'config': the model config's per-class operating thresholds")
+    p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="simulate_frame option for --sim-frames, e.g. 'ego_speed=[0,15]' "
+                        "'yaw_rate_dps=[-15,15]' (a moving, turning vehicle); repeatable")
     p.add_argument("--out", help="write the results as JSON here")
+
+
+def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` (VALUE in YAML: numbers, [lo, hi] ranges, true/false) -> dict."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--sim-option must be KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--sim-option {item!r}: value is not valid YAML ({exc})") from exc
+    return out
+
+
+def _score_thresholds(value: str):
+    """None (the config's) for 'config', else one float for every class."""
+    if str(value).strip().lower() == "config":
+        return None
+    try:
+        v = float(value)
+    except ValueError as exc:
+        raise ConfigError(f"--score-threshold must be a number in [0, 1] or 'config', got {value!r}") from exc
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"--score-threshold must be a number in [0, 1] or 'config', got {value!r}")
+    return v
 
 
 def _gt_from_bag(path: str, topic: str, cloud_topic: str | None):
@@ -330,7 +365,8 @@ def main(args: argparse.Namespace) -> int:
         cfg = ModelConfig.load(args.model)
         g = cfg.grid
         region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
-        results: dict[str, Any] = {"min_points": args.min_points, "region": list(region)}
+        results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
+                                   "score_threshold": args.score_threshold}
         runs: list[tuple[str, list[FrameBoxes]]] = []
         if args.detections:
             runs.append(("detections", read_jsonl(args.detections)))
@@ -343,7 +379,8 @@ def main(args: argparse.Namespace) -> int:
 
             sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
             pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device,
-                                     compile=not args.no_compile, sensor_height=sh)
+                                     compile=not args.no_compile, sensor_height=sh,
+                                     score_thresholds=_score_thresholds(args.score_threshold))
             dets = []
             for stamp, cloud in clouds.items():
                 d = pipe.detect(cloud)
@@ -384,8 +421,9 @@ def _main_sim(args: argparse.Namespace) -> int:
     g = cfg.grid
     region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    sim_options = parse_sim_options(args.sim_option)
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
-                             sensor_height=sh)
+                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold))
 
     def model_fn(points):
         pipe._mount_history.clear()  # independent scenes: no smoothing across frames
@@ -404,9 +442,11 @@ def _main_sim(args: argparse.Namespace) -> int:
 
         fns["baseline"] = base_fn
     sensors = [s.strip() for s in args.sensors.split(",") if s.strip()]
-    res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region)
+    res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
+                                 sim_options=sim_options)
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
-                           "seed": args.seed, "sensor_height": args.sensor_height}
+                           "seed": args.seed, "sensor_height": args.sensor_height, "sim_options": sim_options,
+                           "score_threshold": args.score_threshold}
     for name, per in res.items():
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))

@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.model.boxes import points_in_boxes
 from livox_infer.model.config import ModelConfig
-from livox_infer.model.evaluate import FrameBoxes, evaluate
+from livox_infer.model.evaluate import FrameBoxes, evaluate, parse_sim_options
 from livox_infer.model.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
 from livox_infer.model.losses import detection_loss
 from livox_infer.model.network import build_model
@@ -399,12 +398,7 @@ def _train(args: argparse.Namespace) -> int:
     work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
     out = Path(args.out) if args.out else cfg.weights_path()
     t_start = time.time()
-    sim_options = {}
-    for item in args.sim_option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--sim-option must be KEY=VALUE, got {item!r}")
-        sim_options[key.strip()] = yaml.safe_load(value)
+    sim_options = parse_sim_options(args.sim_option)
     train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options)
     val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg)
     log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
