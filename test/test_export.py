@@ -103,6 +103,8 @@ def test_package_errors(package, tmp_path):
     other.write_text(yaml.safe_dump(_tiny_config(channels=6)))
     with pytest.raises(WeightsError, match="another architecture"):
         DetectionPipeline(other, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    with pytest.raises(WeightsError, match="test_time_flip"):
+        DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu", test_time_flip=True)
 
 
 def test_export_cli_errors(tmp_path, capsys):

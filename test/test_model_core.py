@@ -280,3 +280,51 @@ def test_eval_reads_jsonl(tmp_path):
     p.write_text("{not json\n")
     with pytest.raises(ConfigError):
         read_jsonl(p)
+
+
+def test_flip_merge_decodes_the_boxes_of_both_views():
+    """Head maps of a frame and of its mirror image (y -> -y), merged, decode to the frame's boxes."""
+    from livox_infer.model.postprocess import merge_flipped
+
+    cfg = small_config()
+    boxes = np.array([
+        [10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4],
+        [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0],
+        [20.0, 8.05, 0.8, 1.8, 0.6, 1.7, 1.3],
+    ], np.float32)
+    labels = np.array([0, 1, 2])
+    mirrored = boxes.copy()
+    mirrored[:, 1] *= -1
+    mirrored[:, 6] *= -1
+    direct = _fake_heads(build_targets(boxes, labels, cfg), cfg)
+    mirror = _fake_heads(build_targets(mirrored, labels, cfg), cfg)
+    merged = merge_flipped({k: torch.cat([direct[k], mirror[k]]) for k in direct})
+    s, l, b = topk_decode(merged, cfg)
+    s, l, b = select_detections(s[0], l[0], b[0], cfg.score_thresholds, cfg.nms_iou, 10)
+    got = b.numpy()[np.argsort(b[:, 0].numpy())]
+    assert np.allclose(got[:, :6], boxes[:, :6], atol=1e-4)
+    assert np.allclose(np.sin(2 * got[:, 6]), np.sin(2 * boxes[:, 6]), atol=1e-4)
+    assert np.allclose(s.numpy(), 1.0, atol=1e-4)
+
+
+def test_flip_inference_is_mirror_equivariant():
+    """With test-time flipping the output for a mirrored frame is exactly the mirrored output."""
+    torch.manual_seed(0)
+    cfg = small_config()
+    net = build_model(cfg).eval()
+    infer = InferenceModel(net, cfg, flip=True).eval()
+    bev = torch.rand(1, *cfg.grid.shape)
+    with torch.no_grad():
+        s0, l0, b0 = infer(bev)
+        s1, l1, b1 = infer(bev.flip(-2))
+    o0, o1 = torch.argsort(s0, descending=True), torch.argsort(s1, descending=True)
+    assert torch.allclose(s0[o0], s1[o1], atol=1e-5) and torch.equal(l0[o0], l1[o1])
+    b1m = b1[o1].clone()
+    b1m[:, 1] *= -1
+    assert torch.allclose(b0[o0][:, :6], b1m[:, :6], atol=1e-4)
+    assert torch.allclose(torch.sin(2 * b0[o0][:, 6]), -torch.sin(2 * b1[o1][:, 6]), atol=1e-4)
+    # an asymmetric grid cannot be flipped
+    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
+    d["grid"].update(y_range=[-12.8, 16.0])
+    with pytest.raises(ConfigError, match="symmetric"):
+        InferenceModel(net, ModelConfig.from_dict(d, source="test"), flip=True)

@@ -165,3 +165,21 @@ def test_compile_failure_falls_back_to_eager(small_model, monkeypatch, caplog):
     assert not pipe.compiled and "no compiler here" in pipe.compile_error
     assert any("running the network eagerly" in r.message for r in caplog.records)
     assert len(pipe.detect(scene_points()).timings_ms) == len(STAGES)
+
+
+def test_test_time_flip_mirrors_consistently(small_model):
+    """With test_time_flip a cloud and its mirror image (y -> -y) give mirrored detections."""
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, sensor_tilt=None, score_thresholds=0.0,
+                             test_time_flip=True)
+    pts = scene_points()
+    mirrored = pts.copy()
+    mirrored[:, 1] *= -1
+    a, b = pipe.detect(pts), pipe.detect(mirrored)
+    assert len(a) > 0 and len(a) == len(b)
+    oa, ob = np.lexsort((a.boxes[:, 1], a.scores)), np.lexsort((-b.boxes[:, 1], b.scores))
+    assert np.allclose(a.scores[oa], b.scores[ob], atol=1e-5)
+    assert np.allclose(a.boxes[oa, 1], -b.boxes[ob, 1], atol=1e-3)
+    plain = DetectionPipeline(small_model, compile=False, sensor_height=1.6, sensor_tilt=None, score_thresholds=0.0)
+    assert not np.allclose(np.sort(plain.detect(pts).scores)[-5:], np.sort(a.scores)[-5:])  # it does change scores
+    pipe.update(test_time_flip=False)
+    assert np.allclose(np.sort(pipe.detect(pts).scores), np.sort(plain.detect(pts).scores))

@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (ground estimated per frame)")
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
     p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
+    p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -57,7 +58,8 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
 
     t0 = time.perf_counter()
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
-                             sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None)
+                             sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None,
+                             test_time_flip=args.test_time_flip)
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)

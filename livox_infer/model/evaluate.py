@@ -293,6 +293,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (when detecting)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image")
     p.add_argument("--baseline", action="store_true", help="also evaluate the non-learned baseline")
     p.add_argument("--min-points", type=int, default=DEFAULT_MIN_POINTS, help="ignore GT with fewer lidar points")
     p.add_argument("--region", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
@@ -366,7 +367,8 @@ def main(args: argparse.Namespace) -> int:
         g = cfg.grid
         region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
-                                   "score_threshold": args.score_threshold}
+                                   "score_threshold": args.score_threshold,
+                           "test_time_flip": args.test_time_flip}
         runs: list[tuple[str, list[FrameBoxes]]] = []
         if args.detections:
             runs.append(("detections", read_jsonl(args.detections)))
@@ -380,7 +382,8 @@ def main(args: argparse.Namespace) -> int:
             sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
             pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device,
                                      compile=not args.no_compile, sensor_height=sh,
-                                     score_thresholds=_score_thresholds(args.score_threshold))
+                                     score_thresholds=_score_thresholds(args.score_threshold),
+                                     test_time_flip=args.test_time_flip)
             dets = []
             for stamp, cloud in clouds.items():
                 d = pipe.detect(cloud)
@@ -423,7 +426,8 @@ def _main_sim(args: argparse.Namespace) -> int:
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
-                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold))
+                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
+                             test_time_flip=args.test_time_flip)
 
     def model_fn(points):
         pipe._mount_history.clear()  # independent scenes: no smoothing across frames
@@ -446,7 +450,8 @@ def _main_sim(args: argparse.Namespace) -> int:
                                  sim_options=sim_options)
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
                            "seed": args.seed, "sensor_height": args.sensor_height, "sim_options": sim_options,
-                           "score_threshold": args.score_threshold}
+                           "score_threshold": args.score_threshold,
+                           "test_time_flip": args.test_time_flip}
     for name, per in res.items():
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))

@@ -41,23 +41,25 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def inference_module(cfg: ModelConfig, weights: str | Path, device: torch.device) -> tuple[torch.nn.Module, dict]:
+def inference_module(cfg: ModelConfig, weights: str | Path, device: torch.device,
+                     flip: bool = False) -> tuple[torch.nn.Module, dict]:
     """Eval-mode network + decoding with BatchNorm folded, channels_last, on ``device``; and the weights' metadata."""
     net = build_model(cfg)
     meta = load_weights(net, cfg, weights)
     net.eval()
     fuse_batchnorm(net)
-    infer = InferenceModel(net, cfg).to(device).to(memory_format=torch.channels_last).eval()
+    infer = InferenceModel(net, cfg, flip=flip).to(device).to(memory_format=torch.channels_last).eval()
     return infer, meta
 
 
-def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, device: str = "cpu") -> Path:
+def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, device: str = "cpu",
+                   test_time_flip: bool = False) -> Path:
     """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path."""
     from livox_infer.voxelize.voxelizer import resolve_device
 
     dev = resolve_device(device)
     weights = Path(weights)
-    infer, meta = inference_module(cfg, weights, dev)
+    infer, meta = inference_module(cfg, weights, dev, flip=test_time_flip)
     example = torch.zeros((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
     metadata = {
         "format": PACKAGE_FORMAT,
@@ -68,6 +70,7 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, devic
         "trained": meta.get("trained", "no"),
         "torch_version": torch.__version__,
         "device_type": dev.type,
+        "test_time_flip": "yes" if test_time_flip else "no",
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
     p.add_argument("--device", default="cpu", help="cpu | cuda: what the package will run on")
     p.add_argument("--out", default=None, help="package path (default: <config>.<device>.pt2 in the current directory)")
+    p.add_argument("--test-time-flip", action="store_true",
+                   help="bake in test-time flipping (frame + mirror image, averaged); the pipeline must set it too")
     p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
 
 
@@ -130,23 +135,24 @@ def main(args: argparse.Namespace) -> int:
         weights = Path(args.weights) if args.weights else cfg.weights_path()
         out = Path(args.out or f"{cfg.name}.{str(args.device).split(':')[0]}.pt2")
         t0 = time.time()
-        path = export_package(cfg, weights, out, args.device)
+        path = export_package(cfg, weights, out, args.device, args.test_time_flip)
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s")
         if args.check:
-            print(check_package(path, cfg, weights, args.device))
+            print(check_package(path, cfg, weights, args.device, args.test_time_flip))
     except LivoxInferError as exc:
         print(f"livox-infer export: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def check_package(path: Path, cfg: ModelConfig, weights: Path, device: str = "cpu", iters: int = 20) -> str:
+def check_package(path: Path, cfg: ModelConfig, weights: Path, device: str = "cpu", flip: bool = False,
+                  iters: int = 20) -> str:
     """Largest output difference vs the eager module on a random BEV, and the time per call of both."""
     from livox_infer.voxelize.voxelizer import resolve_device
 
     dev = resolve_device(device)
     runner = AotiRunner(path, cfg, dev)
-    infer, _ = inference_module(cfg, weights, dev)
+    infer, _ = inference_module(cfg, weights, dev, flip=flip)
     x = torch.rand((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {}
     with torch.no_grad():

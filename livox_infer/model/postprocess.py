@@ -37,16 +37,55 @@ def topk_decode(heads: dict[str, torch.Tensor], cfg: ModelConfig, k: int | None 
     return scores, labels, boxes
 
 
-class InferenceModel(nn.Module):
-    """Network + top-k decoding: (1, C, H, W) -> scores (k,), labels (k,), boxes (k, 7). Static shapes."""
+def check_flip_symmetric(cfg: ModelConfig) -> None:
+    """Test-time flipping mirrors the BEV rows (y): the grid must be symmetric about y = 0."""
+    from livox_infer.errors import ConfigError
 
-    def __init__(self, net: BevDetector, cfg: ModelConfig) -> None:
+    g = cfg.grid
+    if abs(g.y_range[0] + g.y_range[1]) > 1e-6 or g.height % cfg.out_stride:
+        raise ConfigError(f"test-time flip needs a grid symmetric about y = 0 (y_range {list(g.y_range)})")
+
+
+def merge_flipped(heads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Batch [frame, frame mirrored in y] of head maps -> one frame's maps, the mean of both views.
+
+    The mirrored view is flipped back along the rows; its sub-cell y offset becomes 1 - offset (the
+    centre at row r + o in the mirror is at H - r - o here, i.e. row H-1-r plus 1 - o) and
+    sin(2 yaw) changes sign (yaw -> -yaw). Heat is averaged as probabilities."""
+    direct = {k: v[0:1] for k, v in heads.items()}
+    mirror = {k: v[1:2].flip(-2) for k, v in heads.items()}
+    prob = 0.5 * (torch.sigmoid(direct["heatmap"]) + torch.sigmoid(mirror["heatmap"]))
+    sign = direct["offset"].new_tensor([1.0, -1.0])[None, :, None, None]
+    shift = direct["offset"].new_tensor([0.0, 1.0])[None, :, None, None]
+    return {
+        "heatmap": torch.logit(prob.clamp(1e-6, 1 - 1e-6)),
+        "offset": 0.5 * (direct["offset"] + shift + sign * mirror["offset"]),
+        "z": 0.5 * (direct["z"] + mirror["z"]),
+        "size": 0.5 * (direct["size"] + mirror["size"]),
+        "yaw": 0.5 * (direct["yaw"] - sign * mirror["yaw"]),  # [sin 2yaw, cos 2yaw] * (-1, +1)
+    }
+
+
+class InferenceModel(nn.Module):
+    """Network + top-k decoding: (1, C, H, W) -> scores (k,), labels (k,), boxes (k, 7). Static shapes.
+
+    ``flip``: test-time augmentation: the frame and its mirror image (y -> -y) go through the network
+    as a batch of two and their head maps are averaged (`merge_flipped`); ~2x network time."""
+
+    def __init__(self, net: BevDetector, cfg: ModelConfig, flip: bool = False) -> None:
         super().__init__()
+        if flip:
+            check_flip_symmetric(cfg)
         self.net = net
         self.cfg = cfg
+        self.flip = bool(flip)
 
     def forward(self, bev: torch.Tensor):
-        scores, labels, boxes = topk_decode(self.net(bev), self.cfg)
+        if self.flip:
+            heads = merge_flipped(self.net(torch.cat([bev, bev.flip(-2)])))
+        else:
+            heads = self.net(bev)
+        scores, labels, boxes = topk_decode(heads, self.cfg)
         return scores[0], labels[0], boxes[0]
 
 
