@@ -251,7 +251,7 @@ def _tensors(path):
 
 
 def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
-    args, work = _fresh_run(tiny_dataset, tmp_path)
+    args, work = _fresh_run(tiny_dataset, tmp_path, corner_weight=1.0, neighbour_weight=0.5)
     assert train_mod.main(args) == 0
     _, meta = _tensors(tmp_path / "best.safetensors")
     assert meta["trained"] == "yes" and int(meta["step"]) in (2, 4)

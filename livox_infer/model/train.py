@@ -368,10 +368,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
     p.add_argument("--paste-probability", type=float, default=0.6,
                    help="share of training frames that get objects pasted in from other frames (0 = off)")
-    p.add_argument("--neighbour-weight", type=float, default=0.5,
-                   help="loss weight of box regression at the 8 cells around each centre (0 = centre only)")
-    p.add_argument("--corner-weight", type=float, default=1.0,
-                   help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off)")
+    p.add_argument("--neighbour-weight", type=float, default=0.0,
+                   help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
+                        "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
+    p.add_argument("--corner-weight", type=float, default=0.0,
+                   help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
+                        "default: with uncertain yaw it biases box sizes, docs/detector.md)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
