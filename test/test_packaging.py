@@ -114,6 +114,8 @@ def test_every_installed_distribution_is_pinned():
     for dist in metadata.distributions():
         if str(getattr(dist, "_path", "")).endswith(".egg-info"):
             continue  # metadata shipped inside the ROS wheels / the interface builds, not installable by name
+        if "/_vendor/" in str(getattr(dist, "_path", "")).replace("\\", "/"):
+            continue  # setuptools' own vendored copies, on sys.path once torch's C++ builder imports setuptools
         name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
         if name not in pinned | {"pip", "setuptools", "wheel", "livox-infer"}:
             unpinned.append(f"{name}=={dist.version}")
