@@ -69,8 +69,8 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
     ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
               "compiled ahead of time with its weights, no compiler needed; empty = off. Change rebuilds."),
-    ParamSpec("test_time_flip", False, "Run the network on each frame and its mirror image and average them: "
-              "slightly more accurate, about twice the network time. Change rebuilds."),
+    ParamSpec("test_time_flip", True, "Run the network on each frame and its mirror image and average them "
+              "(held-out car BEV AP@0.7 0.661 -> 0.696; +5 ms compiled network time on 1 core). Change rebuilds."),
     ParamSpec("score_threshold_car", 0.3, "Minimum score of a published car.", float_range=(0.0, 1.0)),
     ParamSpec("score_threshold_pedestrian", 0.25, "Minimum score of a published pedestrian.",
               float_range=(0.0, 1.0)),
