@@ -141,15 +141,6 @@ def detection_region(pipeline) -> tuple[float, float, float, float] | None:
     return (*map(float, grid.x_range), *map(float, grid.y_range))
 
 
-def in_region(boxes: np.ndarray, region) -> np.ndarray:
-    """Boxes whose centre lies inside ``region`` (all when region is None)."""
-    boxes = np.asarray(boxes).reshape(-1, 7)
-    if region is None:
-        return np.ones(len(boxes), bool)
-    x0, x1, y0, y1 = region
-    return (boxes[:, 0] >= x0) & (boxes[:, 0] < x1) & (boxes[:, 1] >= y0) & (boxes[:, 1] < y1)
-
-
 @dataclass
 class DemoResult:
     frames: list[FrameResult]
@@ -248,6 +239,8 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
         if node is not None:
             node.destroy_node()
         ctx.try_shutdown()
+
+    from livox_infer.model.evaluate import in_region
 
     results: list[FrameResult] = []
     best = None

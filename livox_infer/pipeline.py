@@ -27,13 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from livox_infer.errors import BackendError, ConfigError, PointCloudError
+from livox_infer.errors import BackendError, ConfigError, PointCloudError, WeightsError
 from livox_infer.model.boxes import axis_angle
 from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
-from livox_infer.model.network import build_model, fuse_batchnorm
-from livox_infer.model.postprocess import InferenceModel, select_detections
-from livox_infer.model.weights import load_weights
+from livox_infer.model.postprocess import build_inference_model, select_detections
 from livox_infer.pointcloud import Cloud, DecodeFilter, decode_pointcloud2, filter_points
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
@@ -181,14 +179,9 @@ class DetectionPipeline:
         if p.get("aoti_package"):
             self._load_package(Path(p["aoti_package"]))
             return
-        net = build_model(self.cfg)
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
-        self.weights_meta = load_weights(net, self.cfg, weights)
+        infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
-        net.eval()
-        fuse_batchnorm(net)
-        infer = InferenceModel(net, self.cfg, flip=p["test_time_flip"]).to(self.device).to(
-            memory_format=torch.channels_last)
         self._eager = infer
         self._runner = infer
         self.compiled = False
@@ -197,13 +190,9 @@ class DetectionPipeline:
             self._compile(infer)
 
     def _load_package(self, path: Path) -> None:
-        from livox_infer.errors import WeightsError
         from livox_infer.model.export import AotiRunner, file_sha256
 
-        runner = AotiRunner(path, self.cfg, self.device)
-        if runner.metadata.get("test_time_flip", "no") != ("yes" if self._net_params["test_time_flip"] else "no"):
-            raise WeightsError(f"{path} was exported with test_time_flip={runner.metadata.get('test_time_flip', 'no')}; "
-                               "export it again or change test_time_flip")
+        runner = AotiRunner(path, self.cfg, self.device, self._net_params["test_time_flip"])
         weights = self._net_params["weights"]
         if weights and file_sha256(weights) != runner.metadata.get("weights_sha256"):
             raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")

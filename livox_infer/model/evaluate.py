@@ -123,7 +123,9 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def _in_region(boxes: np.ndarray, region) -> np.ndarray:
+def in_region(boxes: np.ndarray, region) -> np.ndarray:
+    """Boxes whose centre lies inside ``region`` = (x_min, x_max, y_min, y_max) (all when region is None)."""
+    boxes = np.asarray(boxes).reshape(-1, 7)
     if region is None:
         return np.ones(boxes.shape[0], bool)
     x0, x1, y0, y1 = region
@@ -150,10 +152,10 @@ def evaluate(
                 for det, gt in zip(detections, ground_truth):
                     gsel = gt.labels == ci
                     gb = gt.boxes[gsel]
-                    ignore = ~_in_region(gb, region)
+                    ignore = ~in_region(gb, region)
                     if gt.num_points is not None:
                         ignore |= gt.num_points[gsel] < min_points
-                    dsel = (det.labels == ci) & _in_region(det.boxes, region)
+                    dsel = (det.labels == ci) & in_region(det.boxes, region)
                     db, ds = det.boxes[dsel], det.scores[dsel]
                     tp, keep, relevant = match_frame(db, ds, gb, ignore, thr, metric)
                     all_scores.append(ds[keep])
@@ -367,8 +369,7 @@ def main(args: argparse.Namespace) -> int:
         g = cfg.grid
         region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
-                                   "score_threshold": args.score_threshold,
-                           "test_time_flip": args.test_time_flip}
+                                   "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip}
         runs: list[tuple[str, list[FrameBoxes]]] = []
         if args.detections:
             runs.append(("detections", read_jsonl(args.detections)))

@@ -25,9 +25,7 @@ import torch
 
 from livox_infer.errors import ConfigError, LivoxInferError, WeightsError
 from livox_infer.model.config import ModelConfig
-from livox_infer.model.network import build_model, fuse_batchnorm
-from livox_infer.model.postprocess import InferenceModel
-from livox_infer.model.weights import load_weights
+from livox_infer.model.postprocess import build_inference_model
 
 log = logging.getLogger("livox_infer.export")
 PACKAGE_FORMAT = "livox_infer.aoti.v1"
@@ -41,17 +39,6 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def inference_module(cfg: ModelConfig, weights: str | Path, device: torch.device,
-                     flip: bool = False) -> tuple[torch.nn.Module, dict]:
-    """Eval-mode network + decoding with BatchNorm folded, channels_last, on ``device``; and the weights' metadata."""
-    net = build_model(cfg)
-    meta = load_weights(net, cfg, weights)
-    net.eval()
-    fuse_batchnorm(net)
-    infer = InferenceModel(net, cfg, flip=flip).to(device).to(memory_format=torch.channels_last).eval()
-    return infer, meta
-
-
 def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, device: str = "cpu",
                    test_time_flip: bool = False) -> Path:
     """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path."""
@@ -59,7 +46,7 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, devic
 
     dev = resolve_device(device)
     weights = Path(weights)
-    infer, meta = inference_module(cfg, weights, dev, flip=test_time_flip)
+    infer, meta = build_inference_model(cfg, weights, dev, flip=test_time_flip)
     example = torch.zeros((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
     metadata = {
         "format": PACKAGE_FORMAT,
@@ -85,7 +72,7 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, devic
 class AotiRunner:
     """A loaded package, callable like the InferenceModel: (1, C, H, W) -> (scores, labels, boxes)."""
 
-    def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device) -> None:
+    def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device, flip: bool = False) -> None:
         path = Path(path)
         if not path.is_file():
             raise WeightsError(f"AOTInductor package not found: {path} (make one with `livox-infer export`)")
@@ -103,6 +90,9 @@ class AotiRunner:
             )
         if meta.get("device_type") != device.type:
             raise WeightsError(f"{path} was built for {meta.get('device_type')}, the pipeline runs on {device.type}")
+        if meta.get("test_time_flip", "no") != ("yes" if flip else "no"):
+            raise WeightsError(f"{path} was exported with test_time_flip={meta.get('test_time_flip', 'no')}; "
+                               "export it again or change test_time_flip")
         if meta.get("torch_version") != torch.__version__:
             log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
                         path, meta.get("torch_version"), torch.__version__)
@@ -151,8 +141,8 @@ def check_package(path: Path, cfg: ModelConfig, weights: Path, device: str = "cp
     from livox_infer.voxelize.voxelizer import resolve_device
 
     dev = resolve_device(device)
-    runner = AotiRunner(path, cfg, dev)
-    infer, _ = inference_module(cfg, weights, dev, flip=flip)
+    runner = AotiRunner(path, cfg, dev, flip)
+    infer, _ = build_inference_model(cfg, weights, dev, flip=flip)
     x = torch.rand((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {}
     with torch.no_grad():

@@ -8,7 +8,7 @@ from torch import nn
 
 from livox_infer.model.boxes import axis_angle, rotated_nms
 from livox_infer.model.config import ModelConfig
-from livox_infer.model.network import BevDetector
+from livox_infer.model.network import BevDetector, build_model, fuse_batchnorm
 from livox_infer.model.targets import decode_boxes
 
 
@@ -87,6 +87,20 @@ class InferenceModel(nn.Module):
             heads = self.net(bev)
         scores, labels, boxes = topk_decode(heads, self.cfg)
         return scores[0], labels[0], boxes[0]
+
+
+def build_inference_model(cfg: ModelConfig, weights, device: torch.device,
+                          flip: bool = False) -> tuple[InferenceModel, dict[str, str]]:
+    """Eval-mode network + decoding with BatchNorm folded, channels_last, on ``device``, and the weights'
+    metadata: what the pipeline runs and what `livox-infer export` compiles."""
+    from livox_infer.model.weights import load_weights
+
+    net = build_model(cfg)
+    meta = load_weights(net, cfg, weights)
+    net.eval()
+    fuse_batchnorm(net)
+    infer = InferenceModel(net, cfg, flip=flip).to(device).to(memory_format=torch.channels_last).eval()
+    return infer, meta
 
 
 def select_detections(
