@@ -14,3 +14,16 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+def tiny_model_dict(stem_channels: int = 4) -> dict:
+    """models/lite.yaml shrunk to a 25.6 m grid and a few channels: fast to train, export and run in tests."""
+    import yaml
+
+    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
+    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
+    d["backbone"] = {"stem_channels": stem_channels, "stem_stride": 2, "stage_channels": [8, 8],
+                     "stage_blocks": [1, 1], "neck_channels": 8}
+    d["head"]["head_channels"] = 8
+    d["weights"] = "tiny.safetensors"
+    return d

@@ -3,7 +3,6 @@
 One package of a tiny config is compiled for the module (~20-40 s of C++ compilation on CPU)."""
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,23 +12,20 @@ import yaml
 from livox_infer.cli import main as cli_main
 from livox_infer.errors import WeightsError
 from livox_infer.model import ModelConfig, build_model, save_weights
-from livox_infer.model.export import AotiRunner, inference_module
+from conftest import tiny_model_dict
+from livox_infer.model.export import AotiRunner
+from livox_infer.model.postprocess import build_inference_model
 from livox_infer.pipeline import DetectionPipeline
 
-REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                 reason="AOTInductor export needs a C++ compiler")
 
 
 def _tiny_config(channels=4):
-    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
-    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
-    d["backbone"] = {"stem_channels": channels, "stem_stride": 2, "stage_channels": [8, 8], "stage_blocks": [1, 1],
-                     "neck_channels": 8}
-    d["head"].update(head_channels=8, top_k=16)
+    d = tiny_model_dict(channels)
+    d["head"]["top_k"] = 16
     d["score_thresholds"] = 0.0
-    d["weights"] = "tiny.safetensors"
     return d
 
 
@@ -58,7 +54,7 @@ def test_package_matches_eager(package, capsys):
     cfg = ModelConfig.load(cfg_path)
     runner = AotiRunner(pkg, cfg, torch.device("cpu"))
     assert runner.metadata["architecture_hash"] == cfg.architecture_hash()
-    infer, _ = inference_module(cfg, weights, torch.device("cpu"))
+    infer, _ = build_inference_model(cfg, weights, torch.device("cpu"))
     torch.manual_seed(1)
     for _ in range(3):
         x = torch.rand(1, *cfg.grid.shape).contiguous(memory_format=torch.channels_last)

@@ -85,6 +85,18 @@ def _fake_heads(t, cfg):
     return heads
 
 
+def _assert_same_boxes(got: np.ndarray, want: np.ndarray):
+    """Decoded boxes == wanted ones (matched by x order); yaw as the box axis modulo pi, in [-pi/2, pi/2).
+    Returns the two x orders."""
+    order, ref = np.argsort(got[:, 0]), np.argsort(want[:, 0])
+    got, want = got[order], want[ref]
+    assert np.allclose(got[:, :6], want[:, :6], atol=1e-4)
+    assert np.all((got[:, 6] >= -math.pi / 2) & (got[:, 6] < math.pi / 2))
+    assert np.allclose(np.sin(2 * got[:, 6]), np.sin(2 * want[:, 6]), atol=1e-4)
+    assert np.allclose(np.cos(2 * got[:, 6]), np.cos(2 * want[:, 6]), atol=1e-4)
+    return order, ref
+
+
 def test_targets_decode_round_trip():
     cfg = small_config()
     boxes = np.array([
@@ -98,14 +110,7 @@ def test_targets_decode_round_trip():
     assert t["mask"].sum() == 4
     s, l, b = topk_decode(_fake_heads(t, cfg), cfg)
     s, l, b = select_detections(s[0], l[0], b[0], cfg.score_thresholds, cfg.nms_iou, 10)
-    order = np.argsort(b[:, 0].numpy())
-    ref = np.argsort(boxes[:, 0])
-    got, want = b.numpy()[order], boxes[ref]
-    assert np.allclose(got[:, :6], want[:, :6], atol=1e-4)
-    # yaw is decoded as the box axis modulo pi, in [-pi/2, pi/2)
-    assert np.all((got[:, 6] >= -math.pi / 2) & (got[:, 6] < math.pi / 2))
-    assert np.allclose(np.sin(2 * got[:, 6]), np.sin(2 * want[:, 6]), atol=1e-4)
-    assert np.allclose(np.cos(2 * got[:, 6]), np.cos(2 * want[:, 6]), atol=1e-4)
+    order, ref = _assert_same_boxes(b.numpy(), boxes)
     assert l.numpy()[order].tolist() == labels[ref].tolist()
     assert np.allclose(s.numpy(), 1.0, atol=1e-4)
 
@@ -301,9 +306,7 @@ def test_flip_merge_decodes_the_boxes_of_both_views():
     merged = merge_flipped({k: torch.cat([direct[k], mirror[k]]) for k in direct})
     s, l, b = topk_decode(merged, cfg)
     s, l, b = select_detections(s[0], l[0], b[0], cfg.score_thresholds, cfg.nms_iou, 10)
-    got = b.numpy()[np.argsort(b[:, 0].numpy())]
-    assert np.allclose(got[:, :6], boxes[:, :6], atol=1e-4)
-    assert np.allclose(np.sin(2 * got[:, 6]), np.sin(2 * boxes[:, 6]), atol=1e-4)
+    _assert_same_boxes(b.numpy(), boxes)
     assert np.allclose(s.numpy(), 1.0, atol=1e-4)
 
 

@@ -4,7 +4,6 @@
 import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
+from conftest import tiny_model_dict
 from livox_infer.model import ModelConfig
 from livox_infer.model import train as train_mod
 from livox_infer.model.losses import bev_corners_from_regression, corner_loss, detection_loss
@@ -19,7 +19,6 @@ from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.targets import build_targets
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- object pasting
@@ -116,13 +115,7 @@ def test_paste_probability_zero_and_seeded():
 
 
 def _small_config():
-    d = yaml.safe_load((REPO / "models" / "lite.yaml").read_text())
-    d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
-    d["backbone"] = {"stem_channels": 4, "stem_stride": 2, "stage_channels": [8, 8], "stage_blocks": [1, 1],
-                     "neck_channels": 8}
-    d["head"]["head_channels"] = 8
-    d["weights"] = "tiny.safetensors"
-    return d
+    return tiny_model_dict()
 
 
 def test_neighbour_targets_decode_the_same_box_from_every_cell():
