@@ -138,7 +138,7 @@ def test_loss_decreases_on_one_batch():
         opt.step()
         first = first if first is not None else float(loss)
     assert float(loss) < 0.7 * first
-    assert set(parts) == {"heatmap", "regression"}
+    assert set(parts) == ({"heatmap", "regression", "iou"} if cfg.iou_head else {"heatmap", "regression"})
 
 
 def test_inference_model_has_static_output_shapes():
@@ -331,3 +331,140 @@ def test_flip_inference_is_mirror_equivariant():
     d["grid"].update(y_range=[-12.8, 16.0])
     with pytest.raises(ConfigError, match="symmetric"):
         InferenceModel(net, ModelConfig.from_dict(d, source="test"), flip=True)
+
+
+# --------------------------------------------------------------------------- IoU head
+
+
+def _old_network_config() -> ModelConfig:
+    """small_config without the IoU head and without the sub-cell x/y input channels."""
+    d = small_config().to_dict()
+    d["head"].pop("iou_head", None)
+    d.pop("iou_score_alpha", None)
+    d["grid"].pop("xy_offsets", None)
+    return ModelConfig.from_dict(d, source="test")
+
+
+def _new_network_config(**over) -> ModelConfig:
+    """small_config with the IoU head and the sub-cell x/y input channels."""
+    d = small_config().to_dict()
+    d["head"]["iou_head"] = True
+    d["grid"]["xy_offsets"] = True
+    d.update(over)
+    return ModelConfig.from_dict(d, source="test")
+
+
+def test_iou_head_config_and_architecture():
+    with_iou = small_config(head={**small_config().to_dict()["head"], "iou_head": True},
+                            iou_score_alpha={"car": 0.5, "pedestrian": 0.2, "cyclist": 0.0})
+    assert with_iou.iou_head and with_iou.iou_score_alpha == (0.5, 0.2, 0.0)
+    assert with_iou.architecture()["iou_head"] is True
+    plain = _old_network_config()
+    # weights trained before the IoU head existed keep their architecture hash
+    assert "iou_head" not in plain.architecture() and plain.architecture_hash() != with_iou.architecture_hash()
+    assert ModelConfig.from_dict(with_iou.to_dict()) == ModelConfig.from_dict(with_iou.to_dict())
+    with pytest.raises(ConfigError, match="iou_head"):
+        ModelConfig.from_dict({**plain.to_dict(), "iou_score_alpha": 0.5})
+    with pytest.raises(ConfigError, match="iou_head"):
+        ModelConfig.from_dict({**plain.to_dict(), "head": {**plain.to_dict()["head"], "iou_head": "yes"}})
+    out = build_model(with_iou)(torch.zeros(1, *with_iou.grid.shape))
+    assert out["iou"].shape == (1, 1, *with_iou.head_shape)
+    assert "iou" not in build_model(plain)(torch.zeros(1, *plain.grid.shape))
+
+
+def test_iou_loss_target_is_the_iou_of_the_regressed_box():
+    """The IoU head's target at a centre is the BEV IoU of the box the head regresses there."""
+    from livox_infer.model.losses import gather_regression, iou_loss
+
+    cfg = small_config(head={**small_config().to_dict()["head"], "iou_head": True})
+    boxes = np.array([[10.3, 2.1, 0.8, 4.0, 2.0, 1.5, 0.0], [14.1, -5.3, 0.9, 0.6, 0.6, 1.7, 0.0]], np.float32)
+    t = {k: torch.from_numpy(v)[None] for k, v in build_targets(boxes, np.array([0, 1]), cfg).items()}
+    heads = _fake_heads({k: v[0].numpy() for k, v in t.items()}, cfg)
+    pred = gather_regression(heads, t["index"]).clone()
+    pred[0, 0, 0] += 1.0 / cfg.head_cell_size  # first entry (the car, larger first): 1 m too far along x
+    logits = torch.tensor([0.3, -0.7])
+    hh, hw = cfg.head_shape
+    iou_map = torch.zeros(1, 1, hh * hw)
+    iou_map[0, 0, t["index"][0, :2]] = logits
+    heads["iou"] = iou_map.view(1, 1, hh, hw)
+    want_iou = torch.tensor([3.0 * 2.0 / (8.0 + 8.0 - 6.0), 1.0])  # shifted car: 0.6; exact pedestrian: 1
+    want = torch.nn.functional.binary_cross_entropy_with_logits(logits, want_iou)
+    assert float(iou_loss(heads, pred, t, cfg.head_cell_size)) == pytest.approx(float(want), abs=1e-5)
+
+
+def test_iou_aware_scores_and_flip_merge():
+    """score = heat^(1-a) * iou^a per class; the IoU map survives the flip merge."""
+    from livox_infer.model.postprocess import merge_flipped
+
+    cfg = small_config(head={**small_config().to_dict()["head"], "iou_head": True},
+                       iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0})
+    boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0],
+                      [20.0, 8.05, 0.8, 1.8, 0.6, 1.7, 1.3]], np.float32)
+    labels = np.array([0, 1, 2])
+    heads = _fake_heads(build_targets(boxes, labels, cfg), cfg)
+    heads["heatmap"] = heads["heatmap"] + torch.logit(torch.tensor(0.8))  # peaks at ~0.8 instead of 1
+    heads["iou"] = torch.full((1, 1, *cfg.head_shape), float(torch.logit(torch.tensor(0.6))))
+    s, l, b = topk_decode(heads, cfg)
+    s, l, _ = select_detections(s[0], l[0], b[0], [0.3] * 3, cfg.nms_iou, 10)
+    heat = torch.sigmoid(torch.logit(torch.tensor(1 - 1e-6)) + torch.logit(torch.tensor(0.8)))
+    want = {0: heat**0.5 * 0.6**0.5, 1: heat**0.75 * 0.6**0.25, 2: heat}
+    assert sorted(l.tolist()) == [0, 1, 2]
+    for score, label in zip(s.tolist(), l.tolist()):
+        assert score == pytest.approx(float(want[label]), abs=1e-4)
+    merged = merge_flipped({k: torch.cat([v, v.flip(-2)]) for k, v in heads.items()})
+    assert torch.allclose(merged["iou"], heads["iou"])
+
+
+def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
+    """Weights without the IoU head and without the sub-cell x/y channels initialise a network with
+    both: box rows copied, the new input channels start at zero weight, so the warm-started network
+    computes the same boxes as the old one (and a fresh IoU map) until it is trained."""
+    from livox_infer.model.weights import warm_start
+
+    torch.manual_seed(0)
+    plain_cfg = _old_network_config()
+    plain = build_model(plain_cfg).eval()
+    for m in plain.modules():  # non-trivial BatchNorm statistics
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    p = tmp_path / "plain.safetensors"
+    save_weights(plain, plain_cfg, p)
+    cfg = _new_network_config()
+    net = build_model(cfg).eval()
+    fresh_iou_row = net.regression[1].weight[8:].clone()
+    assert sorted(warm_start(net, cfg, p)) == ["regression.1.bias", "regression.1.weight", "stem.0.0.weight"]
+    assert torch.equal(net.regression[1].weight[8:], fresh_iou_row)
+    assert not net.stem[0][0].weight[:, 5:7].any()
+    bev_old = torch.rand(1, *plain_cfg.grid.shape)
+    bev_new = torch.cat([bev_old[:, :5], torch.rand(1, 2, *plain_cfg.grid.shape[1:]), bev_old[:, 5:]], dim=1)
+    with torch.no_grad():
+        old, new = plain(bev_old), net(bev_new)
+    for name in ("heatmap", "offset", "z", "size", "yaw"):
+        assert torch.allclose(old[name], new[name], atol=1e-5), name
+    assert warm_start(build_model(plain_cfg), plain_cfg, p) == []  # same network: a plain load
+    with pytest.raises(WeightsError):
+        load_weights(build_model(cfg), cfg, p)  # a strict load still refuses it
+    other = _new_network_config(head={**cfg.to_dict()["head"], "head_channels": 4})
+    with pytest.raises(WeightsError, match="head_channels"):
+        warm_start(build_model(other), other, p)
+
+
+def test_mirror_bev_equals_voxelizing_the_mirrored_cloud():
+    """Test-time flip mirrors the BEV tensor; with the sub-cell y channel that is 1 - y in occupied
+    cells, within one 1/256 step of voxelizing the mirrored cloud (rounding of the mean)."""
+    from livox_infer.model.postprocess import mirror_bev
+    from livox_infer.voxelize import voxelize_reference
+
+    for cfg in (_old_network_config(), _new_network_config()):
+        g = cfg.grid
+        gen = torch.Generator().manual_seed(3)
+        pts = torch.rand(4000, 4, generator=gen) * torch.tensor([g.x_range[1], g.y_range[1] * 2, 2.5, 255.0])
+        pts[:, 1] += g.y_range[0]
+        mirrored = pts * torch.tensor([1.0, -1.0, 1.0, 1.0])
+        got = mirror_bev(voxelize_reference(pts, g)[None], cfg)[0]
+        want = voxelize_reference(mirrored, g)
+        occupied = want[0] > 0
+        assert torch.equal(got[0] > 0, occupied)
+        assert torch.allclose(got, want, atol=2.0 / 512 + 1e-6)
+        assert not got[:, ~occupied].any()

@@ -3,6 +3,7 @@ CPU path, bit for bit; reset of the accumulators; channel semantics; config and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 
 # 32 x 24 cells of 0.25 m, z in [-0.5, 3.5) with 8 slices of 0.5 m (100 z levels of 5 mm each).
 GRID = GridConfig(x_range=(0.0, 8.0), y_range=(-3.0, 3.0), z_range=(-0.5, 3.5), cell_size=0.25, n_height_slices=8)
+# The same grid with the two sub-cell x/y channels (15 channels, slices start at 7).
+GRID_XY = dataclasses.replace(GRID, xy_offsets=True)
+GRIDS = pytest.mark.parametrize("grid", [GRID, GRID_XY], ids=["plain", "xy"])
 
 
 def random_cloud(n: int, seed: int, grid: GridConfig = GRID, margin: float = 1.0) -> torch.Tensor:
@@ -95,16 +99,17 @@ CLOUDS = {
 }
 
 
+@GRIDS
 @pytest.mark.parametrize("name", sorted(CLOUDS))
-def test_triton_equals_torch_bit_for_bit(name):
+def test_triton_equals_torch_bit_for_bit(name, grid):
     points = CLOUDS[name]()
-    ref = voxelize_reference(points, GRID)
-    v = Voxelizer(GRID, "cpu", backend="triton")
+    ref = voxelize_reference(points, grid)
+    v = Voxelizer(grid, "cpu", backend="triton")
     out = triton_voxelize(points, voxelizer=v)
-    assert out.shape == GRID.shape == ref.shape
+    assert out.shape == grid.shape == ref.shape
     assert out.dtype == ref.dtype == torch.float32
     assert torch.equal(out, ref)
-    assert torch.equal(voxelize_reference_dense(points, GRID), ref)
+    assert torch.equal(voxelize_reference_dense(points, grid), ref)
     assert_reset(v)
 
 
@@ -118,13 +123,14 @@ def test_result_is_independent_of_point_order():
     assert torch.equal(v(shuffled), ref)
 
 
-def test_consecutive_frames_through_one_voxelizer_match_fresh_references():
+@GRIDS
+def test_consecutive_frames_through_one_voxelizer_match_fresh_references(grid):
     """Kernel 2 must leave the accumulators reset, else frame 2 would carry frame 1's points."""
     frames = [clustered_cloud(6), random_cloud(1500, 7), torch.zeros((0, 4)), random_cloud(10, 8)]
-    v_triton = Voxelizer(GRID, "cpu", backend="triton")
-    v_torch = Voxelizer(GRID, "cpu", backend="torch")
+    v_triton = Voxelizer(grid, "cpu", backend="triton")
+    v_torch = Voxelizer(grid, "cpu", backend="torch")
     for points in frames:
-        ref = voxelize_reference(points, GRID)
+        ref = voxelize_reference(points, grid)
         assert torch.equal(v_triton(points), ref)
         assert_reset(v_triton)
         assert torch.equal(v_torch(points), ref)
@@ -141,57 +147,61 @@ def test_reused_reference_state_is_reset_after_each_frame():
         assert all(torch.equal(state[k], fresh[k]) for k in fresh)
 
 
-def test_kernel1_accumulators_equal_torch_accumulators():
+@GRIDS
+def test_kernel1_accumulators_equal_torch_accumulators(grid):
     """Kernel 1 alone (no normalisation) against its plain-torch twin, incl. the device-side N
     path used by CUDA-graph replay (points past N in the buffer must be ignored) and the
     grid-stride loop (fewer programs than blocks)."""
     points = torch.cat([clustered_cloud(9), random_cloud(2000, 10), edge_cloud()])
     n = points.shape[0]
     buffer = torch.cat([points, random_cloud(777, 11, margin=0.0)])  # stale points past N
-    expected = accumulate_reference(points, GRID)
-    k = GRID.kernel_constants()
+    expected = accumulate_reference(points, grid)
+    assert ("x_sum" in expected) == grid.xy_offsets
+    k = grid.kernel_constants()
     # (from_ptr, block, programs): 2 programs of 1024 lanes loop over the ~5k points (grid stride)
     for from_ptr, block, programs in ((False, 8192, 1), (True, 8192, 1), (False, 1024, 2), (True, 1024, 3)):
-        acc = new_accumulators(GRID, "cpu")
+        acc = new_accumulators(grid, "cpu")
         accumulate_kernel[(programs,)](
             buffer, n, torch.tensor([n], dtype=torch.int32), *acc.values(),
             k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
-            k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
-            N_FROM_PTR=from_ptr, BLOCK=block,
+            k["xy_levels"], k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
+            N_FROM_PTR=from_ptr, XY_OFFSETS=grid.xy_offsets, BLOCK=block,
         )
         for name, value in expected.items():
             assert torch.equal(acc[name], value), name
 
 
-def test_kernel2_alone_equals_torch_normalisation():
+@GRIDS
+def test_kernel2_alone_equals_torch_normalisation(grid):
     """Kernel 2 fed with the torch accumulators == normalize_reference, and it resets them."""
     points = torch.cat([clustered_cloud(15), random_cloud(2000, 16), edge_cloud()])
-    c = ReferenceConstants(GRID)
-    acc = accumulate_reference(points, GRID, c)
-    expected = normalize_reference(acc, GRID, c)
-    acc = {name: acc[name].clone() for name in new_accumulators(GRID, "cpu")}  # the kernel's order
-    out = torch.empty(GRID.shape)
-    k = GRID.kernel_constants()
+    c = ReferenceConstants(grid)
+    acc = accumulate_reference(points, grid, c)
+    expected = normalize_reference(acc, grid, c)
+    fresh = new_accumulators(grid, "cpu")
+    acc = {name: acc[name].clone() if name in acc else fresh[name].clone() for name in fresh}  # the kernel's order
+    out = torch.empty(grid.shape)
+    k = grid.kernel_constants()
     normalize_kernel[(2,)](
-        *acc.values(), torch.from_numpy(GRID.count_lut()), out,
-        GRID.n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"],
-        N_SLICES=GRID.n_height_slices, BLOCK=512,
+        *acc.values(), torch.from_numpy(grid.count_lut()), out,
+        grid.n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"], k["inv_2_xy_levels"],
+        N_SLICES=grid.n_height_slices, XY_OFFSETS=grid.xy_offsets, BLOCK=512,
     )
     assert torch.equal(out, expected)
-    fresh = new_accumulators(GRID, "cpu")
     assert all(torch.equal(acc[name], fresh[name]) for name in fresh)
 
 
-def test_device_side_point_count_launch_matches_reference():
+@GRIDS
+def test_device_side_point_count_launch_matches_reference(grid):
     """launch_kernels with N read from a tensor (the CUDA-graph path) on a padded buffer."""
     points = random_cloud(1200, 12)
     buffer = torch.cat([points, random_cloud(500, 13, margin=0.0)])
-    v = Voxelizer(GRID, "cpu", backend="triton")
-    out = torch.empty(GRID.shape)
+    v = Voxelizer(grid, "cpu", backend="triton")
+    out = torch.empty(grid.shape)
     n_ptr = torch.tensor([points.shape[0]], dtype=torch.int32)
     launch_kernels(lambda f: f, buffer, 0, n_ptr, buffer.shape[0], v.accumulators(), v.count_lut, out,
-                   v.constants, GRID.n_height_slices)
-    assert torch.equal(out, voxelize_reference(points, GRID))
+                   v.constants, grid.n_height_slices, grid.xy_offsets)
+    assert torch.equal(out, voxelize_reference(points, grid))
     assert_reset(v)
 
 
@@ -240,6 +250,31 @@ def test_cell_statistics_of_several_points():
     assert torch.count_nonzero(out.sum(0)) == 1
 
 
+def test_sub_cell_xy_channels():
+    """x_offset_mean / y_offset_mean: the mean position of the cell's points inside the cell, in
+    1/256 steps, stored as the centre of the step (so a mirrored cell reads 1 - value); the slice
+    channels move back by two; empty cells are 0."""
+    pts = torch.tensor([
+        [2.0 + 0.25 * 0.10, 1.0 + 0.25 * 0.30, 0.2, 10.0],
+        [2.0 + 0.25 * 0.50, 1.0 + 0.25 * 0.90, 1.2, 10.0],
+    ])
+    out = voxelize_reference(pts, GRID_XY)
+    plain = voxelize_reference(pts, GRID)
+    ix, iy = 8, 16
+    steps_x, steps_y = (int(0.10 * 256) + int(0.50 * 256)) / 2, (int(0.30 * 256) + int(0.90 * 256)) / 2
+    assert GRID_XY.channel_names[5:7] == ("x_offset_mean", "y_offset_mean") and GRID_XY.n_channels == 15
+    assert out[5, iy, ix].item() == pytest.approx((2 * math.floor(steps_x + 0.5) + 1) / 512, abs=1e-7)
+    assert out[6, iy, ix].item() == pytest.approx((2 * math.floor(steps_y + 0.5) + 1) / 512, abs=1e-7)
+    assert torch.equal(out[:5], plain[:5]) and torch.equal(out[7:], plain[5:])
+    assert torch.count_nonzero(out[5:7].sum(0)) == 1
+    # mirror: y -> -y about the grid centre line (y_range is symmetric): the y channel becomes 1 - y
+    one = torch.tensor([[3.1, 1.0 + 0.25 * 0.3, 0.2, 10.0]])
+    mirrored = one * torch.tensor([1.0, -1.0, 1.0, 1.0])
+    a, b = voxelize_reference(one, GRID_XY), voxelize_reference(mirrored, GRID_XY)
+    assert torch.allclose(b[6].flip(0)[a[0] > 0], 1 - a[6][a[0] > 0])
+    assert torch.equal(b[5].flip(0), a[5])
+
+
 def test_count_table_starts_at_zero_and_ends_at_one():
     """Kernel 2 skips reading the table for empty cells because entry 0 is exactly 0."""
     lut = GRID.count_lut()
@@ -279,6 +314,10 @@ def test_real_horizon_scan_triton_equals_torch():
 def test_grid_config_roundtrip_and_shape():
     d = GRID.to_dict()
     assert GridConfig.from_dict(d) == GRID
+    assert "xy_offsets" not in d  # absent when off: hashes of older grids (and their weights) stay valid
+    assert GridConfig.from_dict(GRID_XY.to_dict()) == GRID_XY and GRID_XY.to_dict()["xy_offsets"] is True
+    with pytest.raises(ConfigError, match="xy_offsets"):
+        GridConfig.from_dict(d | {"xy_offsets": "yes"})
     assert GRID.shape == (5 + 8, 24, 32)
     assert len(GRID.channel_names) == GRID.n_channels
     assert GridConfig().shape[0] == 13

@@ -27,21 +27,26 @@ from livox_infer.voxelize.triton_kernels import accumulate_kernel, normalize_ker
 ACCUMULATE = {
     "points_ptr": "*fp32", "n_points": "i32", "n_points_ptr": "*i32",
     "count_ptr": "*i32", "z_max_ptr": "*i32", "z_min_ptr": "*i32", "occupancy_ptr": "*i32",
-    "z_sum_ptr": "*i64", "intensity_sum_ptr": "*i64",
+    "z_sum_ptr": "*i64", "intensity_sum_ptr": "*i64", "x_sum_ptr": "*i64", "y_sum_ptr": "*i64",
     "x_min": "fp32", "y_min": "fp32", "z_min": "fp32", "inv_cell": "fp32", "inv_z_quantum": "fp32",
-    "intensity_mult": "fp32", "width": "i32", "height": "i32", "z_levels": "i32", "levels_per_slice": "i32",
-    "N_FROM_PTR": "constexpr", "BLOCK": "constexpr",
+    "intensity_mult": "fp32", "xy_levels": "fp32",
+    "width": "i32", "height": "i32", "z_levels": "i32", "levels_per_slice": "i32",
+    "N_FROM_PTR": "constexpr", "XY_OFFSETS": "constexpr", "BLOCK": "constexpr",
 }
 NORMALIZE = {
     "count_ptr": "*i32", "z_max_ptr": "*i32", "z_min_ptr": "*i32", "occupancy_ptr": "*i32",
-    "z_sum_ptr": "*i64", "intensity_sum_ptr": "*i64", "count_lut_ptr": "*fp32", "out_ptr": "*fp32",
+    "z_sum_ptr": "*i64", "intensity_sum_ptr": "*i64", "x_sum_ptr": "*i64", "y_sum_ptr": "*i64",
+    "count_lut_ptr": "*fp32", "out_ptr": "*fp32",
     "n_cells": "i32", "count_saturation": "i32", "inv_z_levels": "fp32", "inv_intensity_levels": "fp32",
-    "N_SLICES": "constexpr", "BLOCK": "constexpr",
+    "inv_2_xy_levels": "fp32",
+    "N_SLICES": "constexpr", "XY_OFFSETS": "constexpr", "BLOCK": "constexpr",
 }
 KERNELS = [
-    ("accumulate", accumulate_kernel, ACCUMULATE, {"N_FROM_PTR": False, "BLOCK": 256}),
-    ("accumulate_n_from_ptr", accumulate_kernel, ACCUMULATE, {"N_FROM_PTR": True, "BLOCK": 256}),
-    ("normalize", normalize_kernel, NORMALIZE, {"N_SLICES": 8, "BLOCK": 512}),
+    ("accumulate", accumulate_kernel, ACCUMULATE, {"N_FROM_PTR": False, "XY_OFFSETS": False, "BLOCK": 256}),
+    ("accumulate_n_from_ptr", accumulate_kernel, ACCUMULATE, {"N_FROM_PTR": True, "XY_OFFSETS": False, "BLOCK": 256}),
+    ("accumulate_xy", accumulate_kernel, ACCUMULATE, {"N_FROM_PTR": True, "XY_OFFSETS": True, "BLOCK": 256}),
+    ("normalize", normalize_kernel, NORMALIZE, {"N_SLICES": 8, "XY_OFFSETS": False, "BLOCK": 512}),
+    ("normalize_xy", normalize_kernel, NORMALIZE, {"N_SLICES": 8, "XY_OFFSETS": True, "BLOCK": 512}),
 ]
 TARGETS = [("cuda", 90, 32), ("cuda", 87, 32), ("hip", "gfx942", 64)]
 result = {}
@@ -55,7 +60,7 @@ for backend, arch, warp in TARGETS:
 # The custom op must trace into ONE graph (no graph break) for torch.compile(fullgraph=True) on GPU.
 import torch
 from livox_infer.voxelize import GridConfig, Voxelizer
-grid = GridConfig(x_range=(0.0, 8.0), y_range=(-3.0, 3.0), cell_size=0.25)
+grid = GridConfig(x_range=(0.0, 8.0), y_range=(-3.0, 3.0), cell_size=0.25, xy_offsets=True)
 # export traces without running (there is no GPU) and fails on any graph break
 graph, _guards = torch._dynamo.export(Voxelizer(grid, "cpu", backend="triton"))(torch.rand(100, 4))
 result["dynamo"] = {"code": graph.code}
@@ -80,6 +85,12 @@ def test_nvidia_ptx_is_produced_with_integer_atomics(compiled, arch):
         assert op in ptx, op
     assert not any("atom" in line and ".f32" in line for line in ptx.splitlines()), "float atomics"
     assert ".entry normalize_kernel" in compiled[f"cuda:{arch}:normalize"]["asm"]
+    # the sub-cell x/y variant adds two 64-bit integer atomic adds (x_sum, y_sum) to the two of z_sum and
+    # intensity_sum, and nothing in float
+    atom64 = lambda asm: sum("atom" in ln and "add.u64" in ln for ln in asm.splitlines())  # noqa: E731
+    xy = compiled[f"cuda:{arch}:accumulate_xy"]["asm"]
+    assert atom64(xy) == 2 * atom64(compiled[f"cuda:{arch}:accumulate_n_from_ptr"]["asm"]) > 0
+    assert not any("atom" in line and ".f32" in line for line in xy.splitlines())
 
 
 def test_amd_gcn_is_produced_with_integer_atomics(compiled):

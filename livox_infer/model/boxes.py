@@ -116,6 +116,16 @@ def bev_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area_a + area_b - inter).clamp_min(_EPS)
 
 
+def paired_bev_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Rotated BEV IoU of aligned boxes a[i], b[i] (K, 7+) -> (K,)."""
+    if a.shape[0] == 0:
+        return a.new_zeros(0)
+    a64, b64 = a.double(), b.double()
+    inter = _paired_intersection_area(bev_corners(a64), bev_corners(b64))
+    union = a64[:, 3] * a64[:, 4] + b64[:, 3] * b64[:, 4] - inter
+    return (inter / union.clamp_min(_EPS)).clamp(0.0, 1.0).to(a.dtype)
+
+
 def iou_3d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Pairwise rotated 3D IoU (N, M): BEV intersection times vertical overlap."""
     inter = bev_intersection_area(a, b)

@@ -63,6 +63,7 @@ class ModelConfig:
     neck_channels: int = 32
     head_channels: int = 32
     out_stride: int = 2  # head cells per input cell (1 stride-1 stem, then stride-2 stages)
+    iou_head: bool = False  # the regression head also predicts the BEV IoU of its own box with the object
     min_radius: tuple[float, ...] = (2.0, 1.0, 1.0)  # gaussian radius floor per class, in head cells
     gaussian_overlap: float = 0.1
     max_objects: int = 128  # per frame, training targets
@@ -71,6 +72,9 @@ class ModelConfig:
     nms_iou: tuple[float, ...] = (0.1, 0.1, 0.1)
     max_detections: int = 64
     cross_class_iou: float | None = None  # None: classes never suppress each other
+    # IoU-aware score (needs iou_head): score = heat^(1 - a) * predicted_iou^a per class, so among the
+    # found objects the well-localised boxes rank first (AP at strict IoU rewards that ordering)
+    iou_score_alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
     weights: str = ""
     source: str = ""  # the file it was loaded from (not part of the architecture)
     extra: dict = field(default_factory=dict)
@@ -102,6 +106,8 @@ class ModelConfig:
             "neck_channels": self.neck_channels,
             "head_channels": self.head_channels,
             "out_stride": self.out_stride,
+            # only when set, so weights trained before the IoU head existed keep their hash
+            **({"iou_head": True} if self.iou_head else {}),
         }
 
     def architecture_hash(self) -> str:
@@ -115,7 +121,8 @@ class ModelConfig:
             raise ConfigError(f"model config {source or ''} must be a mapping, got {type(data).__name__}")
         d = dict(data)
         known = {
-            "name", "grid", "classes", "backbone", "head", "score_thresholds", "nms", "weights", "description",
+            "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
+            "description",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -131,7 +138,7 @@ class ModelConfig:
         nms = d.get("nms", {}) or {}
         for sec, keys in (
             (bb, {"stem_channels", "stem_stride", "stem_blocks", "stage_channels", "stage_blocks", "neck_channels"}),
-            (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k"}),
+            (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k", "iou_head"}),
             (nms, {"iou_threshold", "max_detections", "cross_class_iou"}),
         ):
             if not isinstance(sec, dict) or set(sec) - keys:
@@ -162,6 +169,12 @@ class ModelConfig:
         cross = nms.get("cross_class_iou")
         if cross is not None and not (isinstance(cross, (int, float)) and 0.0 <= float(cross) <= 1.0):
             raise ConfigError(f"nms.cross_class_iou must be a number in [0, 1] or absent, got {cross!r}")
+        iou_head = hd.get("iou_head", False)
+        if not isinstance(iou_head, bool):
+            raise ConfigError(f"head.iou_head must be true or false, got {iou_head!r}")
+        iou_alpha = _per_class(d.get("iou_score_alpha", 0.0), classes, "iou_score_alpha", 0.0, 1.0)
+        if any(iou_alpha) and not iou_head:
+            raise ConfigError(f"model config {source}: iou_score_alpha needs head.iou_head: true")
         overlap = float(hd.get("gaussian_overlap", 0.1))
         if not 0 < overlap < 1:
             raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")
@@ -177,6 +190,7 @@ class ModelConfig:
             neck_channels=neck,
             head_channels=head_ch,
             out_stride=out_stride,
+            iou_head=iou_head,
             min_radius=_per_class(hd.get("min_radius", 1.0), classes, "head.min_radius", 0.0, 50.0),
             gaussian_overlap=overlap,
             max_objects=max_objects,
@@ -185,6 +199,7 @@ class ModelConfig:
             nms_iou=_per_class(nms.get("iou_threshold", 0.1), classes, "nms.iou_threshold", 0.0, 1.0),
             max_detections=max_det,
             cross_class_iou=None if cross is None else float(cross),
+            iou_score_alpha=iou_alpha,
             weights=str(d.get("weights", "")),
             source=source,
         )
@@ -241,8 +256,10 @@ class ModelConfig:
                 "gaussian_overlap": self.gaussian_overlap,
                 "max_objects": self.max_objects,
                 "top_k": self.top_k,
+                **({"iou_head": True} if self.iou_head else {}),
             },
             "score_thresholds": by(self.score_thresholds),
+            **({"iou_score_alpha": by(self.iou_score_alpha)} if self.iou_head else {}),
             "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections,
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
             "weights": self.weights,

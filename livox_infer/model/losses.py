@@ -1,9 +1,12 @@
-"""CenterPoint losses: penalty-reduced focal loss on the heatmap, L1 on the regression at object centres."""
+"""CenterPoint losses: penalty-reduced focal loss on the heatmap, L1 on the regression at object centres,
+and (with an IoU head) binary cross-entropy of the predicted IoU against the IoU the decoded box has."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from livox_infer.model.boxes import paired_bev_iou
 from livox_infer.model.network import HEAD_CHANNELS
 
 
@@ -57,10 +60,31 @@ def corner_loss(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, 
     return (torch.minimum(d0, d1) * ok).sum() / weight.sum().clamp_min(1.0)
 
 
+def boxes_from_regression(reg: torch.Tensor, cell_size: float) -> torch.Tensor:
+    """(K, 8) regression entries -> (K, 7) boxes relative to the entry's cell (x, y in metres)."""
+    size = torch.exp(reg[:, 3:6].clamp(-3.0, 3.5))
+    yaw = 0.5 * torch.atan2(reg[:, 6], reg[:, 7])
+    return torch.cat([reg[:, 0:2] * cell_size, reg[:, 2:3], size, yaw[:, None]], dim=1)
+
+
+def iou_loss(heads: dict[str, torch.Tensor], pred: torch.Tensor, targets: dict[str, torch.Tensor],
+             cell_size: float) -> torch.Tensor:
+    """BCE of the IoU head at object centres against the BEV IoU of the box regressed there (detached:
+    the IoU head learns to judge the box, it does not move it). Mean over the weighted entries."""
+    logit = heads["iou"].reshape(heads["iou"].shape[0], -1).gather(1, targets["index"])  # (B, E)
+    used = targets["mask"] > 0
+    with torch.no_grad():
+        target = paired_bev_iou(boxes_from_regression(pred[used].float(), cell_size),
+                                boxes_from_regression(targets["regression"][used].float(), cell_size))
+    w = targets["mask"][used]
+    bce = F.binary_cross_entropy_with_logits(logit[used], target.to(logit.dtype), reduction="none")
+    return (bce * w).sum() / w.sum().clamp_min(1.0)
+
+
 def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], reg_weight: float = 1.0,
                    corner_weight: float = 0.0, cell_size: float = 1.0):
-    """Total loss and its parts (as floats) for a batch. ``corner_weight`` > 0 adds `corner_loss`
-    (``cell_size``: the head cell in metres, to put offsets in metres)."""
+    """Total loss and its parts (as floats) for a batch. ``corner_weight`` > 0 adds `corner_loss`; an
+    ``iou`` head map adds `iou_loss` (``cell_size``: the head cell in metres, to put offsets in metres)."""
     hm = focal_loss(heads["heatmap"], targets["heatmap"])
     pred = gather_regression(heads, targets["index"])
     mask = targets["mask"][..., None]
@@ -68,6 +92,10 @@ def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tens
     l1 = ((pred - targets["regression"]).abs() * mask * w).sum() / mask.sum().clamp_min(1.0)
     total = hm + reg_weight * l1
     parts = {"heatmap": float(hm.detach()), "regression": float(l1.detach())}
+    if "iou" in heads:
+        iou = iou_loss(heads, pred.detach(), targets, cell_size)
+        total = total + iou
+        parts["iou"] = float(iou.detach())
     if corner_weight > 0:
         corners = corner_loss(pred, targets["regression"], targets["mask"], cell_size)
         total = total + corner_weight * corners

@@ -2,7 +2,8 @@
 
 Input (B, C, H, W) from the voxelizer; output dict of head maps at 1/out_stride resolution:
 ``heatmap`` (B, K, h, w) logits, ``offset`` (B, 2, h, w) sub-cell x/y, ``z`` (B, 1, h, w) box
-centre height above ground (m), ``size`` (B, 3, h, w) log(l, w, h), ``yaw`` (B, 2, h, w) sin/cos of twice the yaw (see targets.py).
+centre height above ground (m), ``size`` (B, 3, h, w) log(l, w, h), ``yaw`` (B, 2, h, w) sin/cos of twice the yaw (see targets.py),
+and with ``cfg.iou_head`` also ``iou`` (B, 1, h, w): logit of the BEV IoU of the cell's box with its object.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from torch import nn
 
 from livox_infer.model.config import ModelConfig
 
-HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "yaw": 2}
+HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "yaw": 2}  # the box regression, in this order
+
+
+def head_channels(cfg: ModelConfig) -> dict[str, int]:
+    """Regression-head outputs of a config: the box, plus the IoU prediction when configured."""
+    return {**HEAD_CHANNELS, **({"iou": 1} if cfg.iou_head else {})}
 HEATMAP_PRIOR_BIAS = -2.19  # sigmoid(-2.19) ~ 0.1: CenterNet's prior so the focal loss starts stable
 
 
@@ -29,6 +35,7 @@ class BevDetector(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.outputs = tuple(head_channels(cfg).items())  # regression channels, split by name in forward
         cin = cfg.grid.n_channels
         stem = [conv_bn(cin, cfg.stem_channels, stride=cfg.stem_stride)]
         stem += [conv_bn(cfg.stem_channels, cfg.stem_channels) for _ in range(cfg.stem_blocks - 1)]
@@ -50,7 +57,7 @@ class BevDetector(nn.Module):
         # the box regression gets its own 3x3 layer (CenterPoint-style task head); the heatmap reads the neck
         self.regression = nn.Sequential(
             conv_bn(cfg.head_channels, cfg.head_channels),
-            nn.Conv2d(cfg.head_channels, sum(HEAD_CHANNELS.values()), 1),
+            nn.Conv2d(cfg.head_channels, sum(n for _, n in self.outputs), 1),
         )
         nn.init.constant_(self.heatmap.bias, HEATMAP_PRIOR_BIAS)
         nn.init.normal_(self.regression[-1].weight, std=0.001)
@@ -74,7 +81,7 @@ class BevDetector(nn.Module):
         reg = self.regression(h)
         out = {"heatmap": self.heatmap(h)}
         start = 0
-        for name, n in HEAD_CHANNELS.items():
+        for name, n in self.outputs:
             out[name] = reg[:, start : start + n]
             start += n
         return out

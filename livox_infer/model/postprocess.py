@@ -17,6 +17,8 @@ def topk_decode(heads: dict[str, torch.Tensor], cfg: ModelConfig, k: int | None 
 
     Returns scores (B, k), labels (B, k) int64, boxes (B, k, 7) in the voxelizer frame. Shapes do
     not depend on the data, so this part compiles and graph-captures together with the network.
+    With an ``iou`` head map and ``cfg.iou_score_alpha`` > 0 the score of a candidate becomes
+    heat^(1 - a) * iou^a (a per class); candidates are still chosen by heat.
     """
     k = k or cfg.top_k
     heat = torch.sigmoid(heads["heatmap"])
@@ -34,6 +36,10 @@ def topk_decode(heads: dict[str, torch.Tensor], cfg: ModelConfig, k: int | None 
         return m.gather(2, cell[:, None, :].expand(b, m.shape[1], k)).permute(0, 2, 1)
 
     boxes = decode_boxes(col, row, gather("offset"), gather("z")[..., 0], gather("size"), gather("yaw"), cfg)
+    if "iou" in heads and any(cfg.iou_score_alpha):
+        alpha = scores.new_tensor(cfg.iou_score_alpha)[labels]
+        iou = torch.sigmoid(gather("iou")[..., 0])
+        scores = scores.pow(1.0 - alpha) * iou.pow(alpha)
     return scores, labels, boxes
 
 
@@ -44,6 +50,19 @@ def check_flip_symmetric(cfg: ModelConfig) -> None:
     g = cfg.grid
     if abs(g.y_range[0] + g.y_range[1]) > 1e-6 or g.height % cfg.out_stride:
         raise ConfigError(f"test-time flip needs a grid symmetric about y = 0 (y_range {list(g.y_range)})")
+
+
+def mirror_bev(bev: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The BEV tensor of the cloud mirrored in y (y -> -y; the grid is symmetric about y = 0): rows
+    reversed, and the sub-cell y position channel (if the grid has it) becomes 1 - value in occupied
+    cells (within one 1/256 step of voxelizing the mirrored cloud)."""
+    mirrored = bev.flip(-2)
+    if not cfg.grid.xy_offsets:
+        return mirrored
+    y = cfg.grid.channel_names.index("y_offset_mean")
+    occupied = mirrored[:, 0:1] > 0  # log_count
+    y_mirrored = torch.where(occupied, 1.0 - mirrored[:, y : y + 1], torch.zeros_like(mirrored[:, y : y + 1]))
+    return torch.cat([mirrored[:, :y], y_mirrored, mirrored[:, y + 1 :]], dim=1)
 
 
 def merge_flipped(heads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -57,13 +76,16 @@ def merge_flipped(heads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     prob = 0.5 * (torch.sigmoid(direct["heatmap"]) + torch.sigmoid(mirror["heatmap"]))
     sign = direct["offset"].new_tensor([1.0, -1.0])[None, :, None, None]
     shift = direct["offset"].new_tensor([0.0, 1.0])[None, :, None, None]
-    return {
+    merged = {
         "heatmap": torch.logit(prob.clamp(1e-6, 1 - 1e-6)),
         "offset": 0.5 * (direct["offset"] + shift + sign * mirror["offset"]),
         "z": 0.5 * (direct["z"] + mirror["z"]),
         "size": 0.5 * (direct["size"] + mirror["size"]),
         "yaw": 0.5 * (direct["yaw"] - sign * mirror["yaw"]),  # [sin 2yaw, cos 2yaw] * (-1, +1)
     }
+    if "iou" in heads:  # mirror-invariant, averaged as logits
+        merged["iou"] = 0.5 * (direct["iou"] + mirror["iou"])
+    return merged
 
 
 class InferenceModel(nn.Module):
@@ -82,7 +104,7 @@ class InferenceModel(nn.Module):
 
     def forward(self, bev: torch.Tensor):
         if self.flip:
-            heads = merge_flipped(self.net(torch.cat([bev, bev.flip(-2)])))
+            heads = merge_flipped(self.net(torch.cat([bev, mirror_bev(bev, self.cfg)])))
         else:
             heads = self.net(bev)
         scores, labels, boxes = topk_decode(heads, self.cfg)

@@ -362,7 +362,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
-    p.add_argument("--init", default=None, help="start from these weights (same config) instead of random")
+    p.add_argument("--init", default=None, help="start from these weights instead of random (same config, or "
+                                                "the same network without the IoU head)")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -413,10 +414,10 @@ def _train(args: argparse.Namespace) -> int:
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
     if args.init:
-        from livox_infer.model.weights import load_weights
+        from livox_infer.model.weights import warm_start
 
-        load_weights(net, cfg, args.init, map_location=str(device))
-        log.info("initialised from %s", args.init)
+        grown = warm_start(net, cfg, args.init, map_location=str(device))
+        log.info("initialised from %s%s", args.init, f" (new output rows in {', '.join(grown)})" if grown else "")
     if args.resume and ckpt.is_file():
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
@@ -456,6 +457,7 @@ def _train(args: argparse.Namespace) -> int:
         opt.step()
         ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
         bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}",
+                        **({"iou": f"{ema['iou']:.3f}"} if "iou" in ema else {}),
                         **({"corners": f"{ema['corners']:.3f}"} if "corners" in ema else {}),
                         lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1

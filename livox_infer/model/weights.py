@@ -91,3 +91,71 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
             raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
     model.load_state_dict(state)
     return meta
+
+
+def _core_architecture(arch: dict) -> dict:
+    """An architecture dict without what a warm start may add: the IoU head and the sub-cell x/y
+    input channels."""
+    core = {k: v for k, v in arch.items() if k != "iou_head"}
+    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k != "xy_offsets"}
+    return core
+
+
+def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> list[str]:
+    """Initialise ``model`` from weights of the same network, or of one without the IoU head and/or
+    without the sub-cell x/y input channels (weights trained before either existed).
+
+    New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
+    convolution get zero weights, so the warm-started network computes exactly what the old one did
+    until training teaches it to use them. Returns the names of the tensors that were grown; any other
+    difference raises `WeightsError`."""
+    from safetensors.torch import load_file
+
+    from livox_infer.voxelize.grid import GridConfig
+
+    path = Path(path)
+    meta = read_metadata(path)
+    if meta.get("format") != FORMAT:
+        raise WeightsError(f"{path}: not a livox_infer detector weights file (format={meta.get('format')!r})")
+    if meta.get("architecture_hash") == cfg.architecture_hash():
+        load_weights(model, cfg, path, map_location)
+        return []
+    try:
+        theirs = json.loads(meta.get("architecture", "{}"))
+    except json.JSONDecodeError as exc:
+        raise WeightsError(f"{path}: unreadable architecture metadata") from exc
+    ours, theirs_core = _core_architecture(cfg.architecture()), _core_architecture(theirs)
+    diff = sorted(k for k in set(ours) | set(theirs_core) if ours.get(k) != theirs_core.get(k))
+    if diff:
+        raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
+    old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
+    new_channels = cfg.grid.channel_names
+    channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
+    try:
+        state = load_file(str(path), device=map_location)
+    except Exception as exc:  # noqa: BLE001
+        raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
+    own = model.state_dict()
+    if set(own) != set(state):
+        raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
+                           f"{sorted(set(own) - set(state))[:5]}, unexpected {sorted(set(state) - set(own))[:5]}")
+    grown = []
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
+        mine = own[k]
+        if tuple(v.shape) == tuple(mine.shape):
+            continue
+        if (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
+                and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:]):
+            new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
+            new[:, channel_map] = v
+        elif v.dim() >= 1 and v.dim() == mine.dim() and v.shape[1:] == mine.shape[1:] and v.shape[0] < mine.shape[0]:
+            new = mine.detach().clone().to(v.device)  # more outputs: the old ones first, the rest as initialised
+            new[: v.shape[0]] = v
+        else:
+            raise WeightsError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the network needs {tuple(mine.shape)}")
+        state[k] = new
+        grown.append(k)
+    model.load_state_dict(state)
+    return grown

@@ -21,6 +21,11 @@ CH_COUNT, CH_Z_MAX, CH_Z_MIN, CH_Z_MEAN, CH_INTENSITY = 0, 1, 2, 3, 4
 N_FIXED_CHANNELS = 5
 FIXED_CHANNEL_NAMES = ("log_count", "z_max", "z_min", "z_mean", "intensity_mean")
 
+# Optional sub-cell position channels (grid.xy_offsets): where in its cell a point lies, x and y,
+# each in this many steps of the cell (a 0.4 m cell: 1.6 mm steps); the channels hold the mean.
+XY_OFFSET_LEVELS = 256
+XY_OFFSET_CHANNEL_NAMES = ("x_offset_mean", "y_offset_mean")
+
 # Intensity is quantised to this many steps of [0, 1] (intensity / intensity_scale, clamped).
 INTENSITY_LEVELS = 65535
 # Largest point count one call accepts. Keeps 4*N flat offsets inside int32 in the kernels
@@ -74,6 +79,9 @@ class GridConfig:
     intensity_scale: float = 255.0  # raw intensity / intensity_scale -> [0, 1] (Livox reflectivity: 255)
     z_quantum: float = 0.005  # metres per fixed-point z step
     count_saturation: int = 255  # count channel = log1p(min(count, sat)) / log1p(sat)
+    # Two more channels after the fixed five: mean position of the cell's points inside the cell
+    # (x, y), so the network sees object edges to ~cm instead of to a whole cell.
+    xy_offsets: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "x_range", _pair(self.x_range, "x_range"))
@@ -84,6 +92,8 @@ class GridConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive finite number, got {v!r}")
             object.__setattr__(self, name, float(v))
+        if not isinstance(self.xy_offsets, bool):
+            raise ConfigError(f"xy_offsets must be true or false, got {self.xy_offsets!r}")
         for name, hi in (("n_height_slices", MAX_HEIGHT_SLICES), ("count_saturation", 1 << 20)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
@@ -120,8 +130,13 @@ class GridConfig:
         return self.z_levels // self.n_height_slices
 
     @property
+    def slice_channel_start(self) -> int:
+        """Index of the first height-slice channel (after the fixed and the optional x/y channels)."""
+        return N_FIXED_CHANNELS + (2 if self.xy_offsets else 0)
+
+    @property
     def n_channels(self) -> int:
-        return N_FIXED_CHANNELS + self.n_height_slices
+        return self.slice_channel_start + self.n_height_slices
 
     @property
     def n_cells(self) -> int:
@@ -134,7 +149,8 @@ class GridConfig:
 
     @property
     def channel_names(self) -> tuple[str, ...]:
-        return FIXED_CHANNEL_NAMES + tuple(f"slice_{k}" for k in range(self.n_height_slices))
+        xy = XY_OFFSET_CHANNEL_NAMES if self.xy_offsets else ()
+        return FIXED_CHANNEL_NAMES + xy + tuple(f"slice_{k}" for k in range(self.n_height_slices))
 
     # -- fixed-point constants shared by both backends ------------------------------------------
     def kernel_constants(self) -> dict[str, float | int]:
@@ -153,6 +169,8 @@ class GridConfig:
             "inv_z_levels": f32(1.0 / self.z_levels),
             "inv_intensity_levels": f32(1.0 / INTENSITY_LEVELS),
             "count_saturation": self.count_saturation,
+            "xy_levels": f32(XY_OFFSET_LEVELS),
+            "inv_2_xy_levels": f32(0.5 / XY_OFFSET_LEVELS),
         }
 
     def count_lut(self) -> np.ndarray:
@@ -168,6 +186,8 @@ class GridConfig:
         d = asdict(self)
         for k in ("x_range", "y_range", "z_range"):
             d[k] = list(d[k])
+        if not self.xy_offsets:  # absent when off, so grids (and weights) from before it keep their hash
+            del d["xy_offsets"]
         return d
 
     @classmethod

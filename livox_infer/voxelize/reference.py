@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_FIXED_CHANNELS, GridConfig
+from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, GridConfig
 
 
 # Points are quantised in chunks of this many rows, against pre-tiled constants (5 x 16 bytes per row).
@@ -38,12 +38,14 @@ class ReferenceConstants:
         self.width, self.height, self.z_levels = k["width"], k["height"], k["z_levels"]
         self.levels_per_slice = k["levels_per_slice"]
         self.count_saturation = k["count_saturation"]
+        self.xy_offsets = grid.xy_offsets
+        self.xy_levels, self.inv_2_xy_levels = t(k["xy_levels"]), t(k["inv_2_xy_levels"])
         self.count_lut = torch.from_numpy(grid.count_lut()).to(device)
         self.slice_bits = torch.arange(grid.n_height_slices, dtype=torch.int32, device=device)
         # z level + 1 -> flat offset of its slice channel in the (C * n_cells) output; covers the
         # levels -1 and z_levels that invalid points may carry (their entries are never used).
         slice_of_level = torch.arange(-1, grid.z_levels + 1, dtype=torch.int64, device=device).clamp(0, grid.z_levels - 1)
-        self.slice_channel_offset = (N_FIXED_CHANNELS + slice_of_level // grid.levels_per_slice) * grid.n_cells
+        self.slice_channel_offset = (grid.slice_channel_start + slice_of_level // grid.levels_per_slice) * grid.n_cells
 
     def tiled(self, n: int) -> dict[str, torch.Tensor]:
         """The per-column constants repeated for n <= TILED_ROWS_MAX rows, flat (4n,): same-shape
@@ -64,8 +66,9 @@ class ReferenceConstants:
 
 def quantize_points(points: torch.Tensor, c: ReferenceConstants):
     """Per point: flat cell index (int64; n_cells when the point is out of range or NaN),
-    z level and intensity level (int64; for invalid points anything in [-1, limit]), and the
-    validity mask.
+    z level and intensity level (int64; for invalid points anything in [-1, limit]), the
+    validity mask, and with the grid's sub-cell x/y channels the (N, 2) int64 step of the point
+    inside its cell (else None).
 
     Same float32 sub / mul / compare / floor as kernel 1, done on whole (N, 4) rows (contiguous,
     so vectorised). The clamp to [-1, limit] changes no in-range value but keeps every float->int
@@ -77,7 +80,7 @@ def quantize_points(points: torch.Tensor, c: ReferenceConstants):
         rows = points
     elif n > TILED_ROWS_MAX:  # in chunks, so the tiles stay small and in cache
         parts = [quantize_points(points[i : i + TILED_ROWS_MAX], c) for i in range(0, n, TILED_ROWS_MAX)]
-        return tuple(torch.cat(t) for t in zip(*parts))
+        return tuple(None if t[0] is None else torch.cat(t) for t in zip(*parts))
     else:
         k = c.tiled(n)
         rows = points.reshape(-1)
@@ -88,9 +91,14 @@ def quantize_points(points: torch.Tensor, c: ReferenceConstants):
     else:  # four bools of a row read as one int32: cheaper than a reduction over rows of 4
         valid = (in_range.view(torch.int32) == 0x01010101).view(n)
     # Invalid rows keep their clamped levels in [-1, limit]: they only ever reach the trash cell.
-    q = scaled.nan_to_num_(0.0).floor_().to(torch.int64).view(n, 4)
+    scaled = scaled.nan_to_num_(0.0)
+    xy_step = None
+    if c.xy_offsets:  # as kernel 1: (u - floor(u)) * 256, floor; all exact in float32
+        u = scaled.view(n, 4)[:, :2]
+        xy_step = (u - u.floor()).mul_(c.xy_levels).floor_().to(torch.int64)
+    q = scaled.floor_().to(torch.int64).view(n, 4)
     cell = torch.where(valid, q[:, 1] * c.width + q[:, 0], c.width * c.height)
-    return cell, q[:, 2], q[:, 3], valid
+    return cell, q[:, 2], q[:, 3], valid, xy_step
 
 
 def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceConstants | None = None):
@@ -98,7 +106,7 @@ def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceCon
     count, z_max, z_min, occupancy (int32; z_max/z_min INT32_MIN/INT32_MAX where empty,
     occupancy a bitmask of height slices) and z_sum, intensity_sum (int64)."""
     c = c or ReferenceConstants(grid, points.device)
-    cell, zq64, iq, _ = quantize_points(points, c)
+    cell, zq64, iq, _, xy_step = quantize_points(points, c)
     zq = zq64.to(torch.int32)
     # (clamped: invalid points may carry levels -1 / z_levels; they land in the trash cell)
     zslice = (zq64 // c.levels_per_slice).clamp_(0, grid.n_height_slices - 1)
@@ -115,10 +123,14 @@ def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceCon
     seen.index_fill_(0, cell * s + zslice, 1)
     occupancy = (seen.view(n1, s) << c.slice_bits).sum(1, dtype=torch.int32)
     k = grid.n_cells
-    return {
+    acc = {
         "count": count[:k], "z_max": z_max[:k], "z_min": z_min[:k], "z_sum": z_sum[:k],
         "intensity_sum": i_sum[:k], "occupancy": occupancy[:k],
     }
+    if xy_step is not None:
+        for j, name in enumerate(("x_sum", "y_sum")):
+            acc[name] = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, xy_step[:, j])[:k]
+    return acc
 
 
 def normalize_reference(acc: dict[str, torch.Tensor], grid: GridConfig, c: ReferenceConstants) -> torch.Tensor:
@@ -136,8 +148,13 @@ def normalize_reference(acc: dict[str, torch.Tensor], grid: GridConfig, c: Refer
     i_mean_q = torch.div(2 * acc["intensity_sum"] + n, 2 * n, rounding_mode="floor")
     ch_zmean = torch.where(occupied, z_mean_q.to(torch.float32) * c.inv_z_levels, zero)
     ch_int = torch.where(occupied, i_mean_q.to(torch.float32) * c.inv_intensity_levels, zero)
+    fixed = [ch_count, ch_zmax, ch_zmin, ch_zmean, ch_int]
+    if grid.xy_offsets:  # (2 * rounded mean step + 1) / (2 * levels), as kernel 2
+        for name in ("x_sum", "y_sum"):
+            odd = 2 * torch.div(2 * acc[name] + n, 2 * n, rounding_mode="floor") + 1
+            fixed.append(torch.where(occupied, odd.to(torch.float32) * c.inv_2_xy_levels, zero))
     slices = ((acc["occupancy"].unsqueeze(0) >> c.slice_bits.unsqueeze(1)) & 1).to(torch.float32)
-    out = torch.cat([torch.stack([ch_count, ch_zmax, ch_zmin, ch_zmean, ch_int]), slices])
+    out = torch.cat([torch.stack(fixed), slices])
     return out.view(grid.n_channels, grid.height, grid.width)
 
 
@@ -161,9 +178,10 @@ def new_reference_state(grid: GridConfig, device: torch.device | str = "cpu") ->
     and skip allocating (and page-faulting in) them per frame. (int64 throughout: the index and
     value dtype of torch's scatter ops, so no conversions per frame; the values equal the
     kernel's int32 ones.)"""
+    names = {**REFERENCE_STATE_IDENTITIES, **({"x_sum": 0, "y_sum": 0} if grid.xy_offsets else {})}
     return {
         name: torch.full((grid.n_cells + 1,), identity, dtype=torch.int64, device=device)
-        for name, identity in REFERENCE_STATE_IDENTITIES.items()
+        for name, identity in names.items()
     }
 
 
@@ -183,12 +201,17 @@ def voxelize_reference(
     c = constants or ReferenceConstants(grid, points.device)
     s = state if state is not None else new_reference_state(grid, points.device)
     n_points, n_cells, dev = points.shape[0], grid.n_cells, points.device
-    cell, zq, iq, valid = quantize_points(points, c)
+    cell, zq, iq, valid, xy_step = quantize_points(points, c)
     s["count"].scatter_add_(0, cell, c.ones(n_points, torch.int64))
     s["z_max"].scatter_reduce_(0, cell, zq, "amax")
     s["z_min"].scatter_reduce_(0, cell, zq, "amin")
     s["z_sum"].scatter_add_(0, cell, zq)
     s["intensity_sum"].scatter_add_(0, cell, iq)
+    sums = ("count", "z_max", "z_min", "z_sum", "intensity_sum")
+    if xy_step is not None:
+        s["x_sum"].scatter_add_(0, cell, xy_step[:, 0])
+        s["y_sum"].scatter_add_(0, cell, xy_step[:, 1])
+        sums += ("x_sum", "y_sum")
     if n_cells <= 2 * n_points:  # small grid: scanning it is cheaper than the trick below
         cells = torch.nonzero(s["count"][:n_cells]).squeeze(1)
     else:  # one representative point per occupied cell (the last one), no scan of the grid
@@ -205,13 +228,16 @@ def voxelize_reference(
     def rounded_mean(sums: torch.Tensor) -> torch.Tensor:  # floor((2*sum + n) / (2*n)), as kernel 2
         return sums.index_select(0, cells).mul_(2).add_(n).div_(two_n, rounding_mode="floor")
 
-    channels = (
+    channels = [
         c.count_lut.index_select(0, n.clamp(max=c.count_saturation)),
         s["z_max"].index_select(0, cells).to(torch.float32).mul_(c.inv_z_levels),
         s["z_min"].index_select(0, cells).to(torch.float32).mul_(c.inv_z_levels),
         rounded_mean(s["z_sum"]).to(torch.float32).mul_(c.inv_z_levels),
         rounded_mean(s["intensity_sum"]).to(torch.float32).mul_(c.inv_intensity_levels),
-    )
+    ]
+    if xy_step is not None:  # (2 * rounded mean step + 1) / (2 * levels), as kernel 2
+        for name in ("x_sum", "y_sum"):
+            channels.append(rounded_mean(s[name]).mul_(2).add_(1).to(torch.float32).mul_(c.inv_2_xy_levels))
 
     # Flat output with one trailing trash element that invalid points write their slice to.
     n_out = grid.n_channels * n_cells
@@ -223,8 +249,8 @@ def voxelize_reference(
         out2d[k].index_copy_(0, cells, values)
 
     dense_reset = 4 * cells.shape[0] >= n_cells  # many cells touched: a memset beats scattered writes
-    for name in ("count", "z_max", "z_min", "z_sum", "intensity_sum"):
-        identity = REFERENCE_STATE_IDENTITIES[name]
+    for name in sums:
+        identity = REFERENCE_STATE_IDENTITIES.get(name, 0)
         if dense_reset:
             s[name].fill_(identity)
         else:

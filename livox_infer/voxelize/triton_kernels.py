@@ -1,7 +1,7 @@
 """The two Triton kernels of the voxelizer (plain-torch twin: livox_infer/voxelize/reference.py).
 
 Kernel 1 `accumulate_kernel` (one launch): per point range test, fixed-point quantisation and six
-integer atomics into per-cell accumulators. Integer atomics commute, so the accumulators (and hence
+(eight with the sub-cell x/y channels) integer atomics into per-cell accumulators. Integer atomics commute, so the accumulators (and hence
 the output) do not depend on point order or thread scheduling; float atomics would.
 
 Kernel 2 `normalize_kernel`: per cell, accumulators -> C float channels, and it resets the
@@ -22,7 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from livox_infer.voxelize.grid import INT32_MAX, INT32_MIN, INTENSITY_LEVELS, N_FIXED_CHANNELS, GridConfig
+from livox_infer.voxelize.grid import (
+    INT32_MAX,
+    INT32_MIN,
+    INTENSITY_LEVELS,
+    N_FIXED_CHANNELS,
+    XY_OFFSET_LEVELS,
+    GridConfig,
+)
 
 # The interpreter (TRITON_INTERPRET=1, CPU tests) pays per program, not per lane: use big blocks there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -39,9 +46,11 @@ def accumulate_kernel(
     n_points_ptr,  # int32[1] holding N (used when N_FROM_PTR: CUDA-graph replay with a varying N)
     count_ptr, z_max_ptr, z_min_ptr, occupancy_ptr,  # int32[n_cells]
     z_sum_ptr, intensity_sum_ptr,  # int64[n_cells]
-    x_min, y_min, z_min, inv_cell, inv_z_quantum, intensity_mult,  # fp32
+    x_sum_ptr, y_sum_ptr,  # int64[n_cells] (XY_OFFSETS) or unused
+    x_min, y_min, z_min, inv_cell, inv_z_quantum, intensity_mult, xy_levels,  # fp32
     width, height, z_levels, levels_per_slice,  # int32
     N_FROM_PTR: tl.constexpr,
+    XY_OFFSETS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -83,17 +92,27 @@ def accumulate_kernel(
         tl.atomic_or(occupancy_ptr + cell, slice_bit, mask=valid, sem="relaxed")
         tl.atomic_add(z_sum_ptr + cell, zq.to(tl.int64), mask=valid, sem="relaxed")
         tl.atomic_add(intensity_sum_ptr + cell, iq.to(tl.int64), mask=valid, sem="relaxed")
+        if XY_OFFSETS:
+            # Position inside the cell: u - floor(u) is exact in float32, * 256 is exact, floor is exact.
+            ux = tl.where(valid, fx, 0.0)
+            uy = tl.where(valid, fy, 0.0)
+            xq = tl.floor((ux - tl.floor(ux)) * xy_levels).to(tl.int64)
+            yq = tl.floor((uy - tl.floor(uy)) * xy_levels).to(tl.int64)
+            tl.atomic_add(x_sum_ptr + cell, xq, mask=valid, sem="relaxed")
+            tl.atomic_add(y_sum_ptr + cell, yq, mask=valid, sem="relaxed")
 
 
 @triton.jit
 def normalize_kernel(
     count_ptr, z_max_ptr, z_min_ptr, occupancy_ptr,  # int32[n_cells]
     z_sum_ptr, intensity_sum_ptr,  # int64[n_cells]
+    x_sum_ptr, y_sum_ptr,  # int64[n_cells] (XY_OFFSETS) or unused
     count_lut_ptr,  # float32[count_saturation + 1]
     out_ptr,  # float32 (C, n_cells)
     n_cells, count_saturation,  # int32
-    inv_z_levels, inv_intensity_levels,  # fp32
+    inv_z_levels, inv_intensity_levels, inv_2_xy_levels,  # fp32
     N_SLICES: tl.constexpr,
+    XY_OFFSETS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -134,25 +153,44 @@ def normalize_kernel(
     tl.store(out_ptr + 2 * n_cells + offs, ch_zmin, mask=m)
     tl.store(out_ptr + 3 * n_cells + offs, ch_zmean, mask=m)
     tl.store(out_ptr + 4 * n_cells + offs, ch_int, mask=m)
+    if XY_OFFSETS:
+        x_sum = tl.load(x_sum_ptr + offs, mask=used, other=0)
+        y_sum = tl.load(y_sum_ptr + offs, mask=used, other=0)
+        tl.store(x_sum_ptr + offs, zeros64, mask=used)
+        tl.store(y_sum_ptr + offs, zeros64, mask=used)
+        # (2 * mean + 1) / (2 * levels): the centre of the mean's step, so a mirrored cell reads 1 - value
+        x_odd = 2 * ((2 * x_sum + n) // (2 * n)) + 1
+        y_odd = 2 * ((2 * y_sum + n) // (2 * n)) + 1
+        tl.store(out_ptr + 5 * n_cells + offs, tl.where(occupied, x_odd.to(tl.float32) * inv_2_xy_levels, 0.0), mask=m)
+        tl.store(out_ptr + 6 * n_cells + offs, tl.where(occupied, y_odd.to(tl.float32) * inv_2_xy_levels, 0.0), mask=m)
+        first_slice = 7
+    else:
+        first_slice = 5
     for k in tl.static_range(N_SLICES):
-        tl.store(out_ptr + (5 + k) * n_cells + offs, ((occupancy >> k) & 1).to(tl.float32), mask=m)
+        tl.store(out_ptr + (first_slice + k) * n_cells + offs, ((occupancy >> k) & 1).to(tl.float32), mask=m)
 
 
-ACCUMULATOR_NAMES = ("count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum")
+ACCUMULATOR_NAMES = ("count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum", "x_sum", "y_sum")
 
 
 def new_accumulators(grid: GridConfig, device: torch.device | str) -> dict[str, torch.Tensor]:
-    """Accumulators in their reset state (what kernel 2 leaves behind)."""
+    """Accumulators in their reset state (what kernel 2 leaves behind). x_sum / y_sum are one
+    unused element when the grid has no sub-cell x/y channels (the op's signature is fixed)."""
     n = grid.n_cells
     i32 = dict(dtype=torch.int32, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    n_xy = n if grid.xy_offsets else 1
     return {
         "count": torch.zeros(n, **i32),
         "z_max": torch.full((n,), INT32_MIN, **i32),
         "z_min": torch.full((n,), INT32_MAX, **i32),
         "occupancy": torch.zeros(n, **i32),
-        "z_sum": torch.zeros(n, dtype=torch.int64, device=device),
-        "intensity_sum": torch.zeros(n, dtype=torch.int64, device=device),
+        "z_sum": torch.zeros(n, **i64),
+        "intensity_sum": torch.zeros(n, **i64),
+        "x_sum": torch.zeros(n_xy, **i64),
+        "y_sum": torch.zeros(n_xy, **i64),
     }
 
 
-assert INTENSITY_LEVELS == 65535 and N_FIXED_CHANNELS == 5  # literals inside the kernels
+# literals inside the kernels
+assert INTENSITY_LEVELS == 65535 and N_FIXED_CHANNELS == 5 and XY_OFFSET_LEVELS == 256

@@ -22,7 +22,6 @@ from torch.library import triton_op, wrap_triton
 from livox_infer.errors import BackendError, PointCloudError
 from livox_infer.voxelize.grid import MAX_POINTS, GridConfig
 from livox_infer.voxelize.reference import (
-    REFERENCE_STATE_IDENTITIES,
     ReferenceConstants,
     new_reference_state,
     voxelize_reference,
@@ -50,32 +49,33 @@ def launch_kernels(
     out: torch.Tensor,
     k: dict,
     n_slices: int,
+    xy_offsets: bool = False,
 ) -> None:
     """Launch kernel 1 (if there can be points) and kernel 2. `wrap` is `wrap_triton` inside the
     custom op and the identity for direct launches (interpreter tests, CUDA-graph capture).
     With `n_points_ptr`, N is read on the device (grid sized for `capacity` points)."""
-    count, z_max, z_min, occupancy, z_sum, i_sum = acc.values() if isinstance(acc, dict) else acc
+    count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum = acc.values() if isinstance(acc, dict) else acc
     n_cells = k["width"] * k["height"]
     if capacity > 0:
         # sym_min: no guard on N under torch.compile's dynamic shapes
         programs = torch.sym_min(triton.cdiv(capacity, ACCUMULATE_BLOCK), ACCUMULATE_MAX_PROGRAMS)
         wrap(accumulate_kernel)[(programs,)](
             points, n_points, count_lut if n_points_ptr is None else n_points_ptr,
-            count, z_max, z_min, occupancy, z_sum, i_sum,
+            count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum,
             k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
-            k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
-            N_FROM_PTR=n_points_ptr is not None, BLOCK=ACCUMULATE_BLOCK,
+            k["xy_levels"], k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
+            N_FROM_PTR=n_points_ptr is not None, XY_OFFSETS=xy_offsets, BLOCK=ACCUMULATE_BLOCK,
         )
     wrap(normalize_kernel)[(triton.cdiv(n_cells, NORMALIZE_BLOCK),)](
-        count, z_max, z_min, occupancy, z_sum, i_sum, count_lut, out,
-        n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"],
-        N_SLICES=n_slices, BLOCK=NORMALIZE_BLOCK,
+        count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum, count_lut, out,
+        n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"], k["inv_2_xy_levels"],
+        N_SLICES=n_slices, XY_OFFSETS=xy_offsets, BLOCK=NORMALIZE_BLOCK,
     )
 
 
 @triton_op(
     "livox_infer::voxelize_fused",
-    mutates_args={"count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum"},
+    mutates_args={"count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum", "x_sum", "y_sum"},
 )
 def voxelize_fused(
     points: torch.Tensor,
@@ -85,6 +85,8 @@ def voxelize_fused(
     occupancy: torch.Tensor,
     z_sum: torch.Tensor,
     intensity_sum: torch.Tensor,
+    x_sum: torch.Tensor,
+    y_sum: torch.Tensor,
     count_lut: torch.Tensor,
     x_min: float,
     y_min: float,
@@ -100,21 +102,26 @@ def voxelize_fused(
     inv_z_levels: float,
     inv_intensity_levels: float,
     n_slices: int,
+    xy_levels: float,
+    inv_2_xy_levels: float,
+    xy_offsets: bool,
 ) -> torch.Tensor:
-    """Both Triton kernels: (N, 4) float32 points -> (5 + n_slices, height, width) float32.
-    The accumulators must be in their reset state and are left in it."""
-    out = torch.empty((5 + n_slices, height, width), dtype=torch.float32, device=points.device)
+    """Both Triton kernels: (N, 4) float32 points -> (5 [+ 2 with xy_offsets] + n_slices, height, width)
+    float32. The accumulators must be in their reset state and are left in it."""
+    n_channels = 5 + (2 if xy_offsets else 0) + n_slices
+    out = torch.empty((n_channels, height, width), dtype=torch.float32, device=points.device)
     k = dict(
         x_min=x_min, y_min=y_min, z_min=z_min_m, inv_cell=inv_cell, inv_z_quantum=inv_z_quantum,
         intensity_mult=intensity_mult, width=width, height=height, z_levels=z_levels,
         levels_per_slice=levels_per_slice, count_saturation=count_saturation,
-        inv_z_levels=inv_z_levels, inv_intensity_levels=inv_intensity_levels,
+        inv_z_levels=inv_z_levels, inv_intensity_levels=inv_intensity_levels, xy_levels=xy_levels,
+        inv_2_xy_levels=inv_2_xy_levels,
     )
     n = points.shape[0]
     # int32 flat offsets (4 * N) in kernel 1; Voxelizer raises PointCloudError before this.
     torch._check(n <= MAX_POINTS, lambda: f"voxelize_fused takes at most {MAX_POINTS} points, got {n}")
-    acc = [count, z_max, z_min, occupancy, z_sum, intensity_sum]
-    launch_kernels(wrap_triton, points, n, None, n, acc, count_lut, out, k, n_slices)
+    acc = [count, z_max, z_min, occupancy, z_sum, intensity_sum, x_sum, y_sum]
+    launch_kernels(wrap_triton, points, n, None, n, acc, count_lut, out, k, n_slices, xy_offsets)
     return out
 
 
@@ -167,7 +174,9 @@ class Voxelizer(torch.nn.Module):
             for name, t in new_accumulators(grid, device).items():
                 self.register_buffer(f"acc_{name}", t, persistent=False)
         else:
-            for name, t in new_reference_state(grid, device).items():
+            state = new_reference_state(grid, device)
+            self._state_names = tuple(state)
+            for name, t in state.items():
                 self.register_buffer(f"ref_{name}", t, persistent=False)
 
     @property
@@ -182,7 +191,7 @@ class Voxelizer(torch.nn.Module):
         return self._reference_constants
 
     def reference_state(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, f"ref_{name}") for name in REFERENCE_STATE_IDENTITIES}
+        return {name: getattr(self, f"ref_{name}") for name in self._state_names}
 
     def accumulators(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, f"acc_{name}") for name in ACCUMULATOR_NAMES}
@@ -212,6 +221,7 @@ class Voxelizer(torch.nn.Module):
             k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
             k["width"], k["height"], k["z_levels"], k["levels_per_slice"], k["count_saturation"],
             k["inv_z_levels"], k["inv_intensity_levels"], self.grid.n_height_slices,
+            k["xy_levels"], k["inv_2_xy_levels"], self.grid.xy_offsets,
         )
 
     def cuda_graph(self, capacity: int) -> "CudaGraphVoxelizer":
@@ -248,7 +258,7 @@ class CudaGraphVoxelizer:
         v = self.voxelizer
         launch_kernels(
             lambda kernel: kernel, self.points, 0, self.n_points, self.capacity, v.accumulators(),
-            v.count_lut, self.out, v.constants, v.grid.n_height_slices,
+            v.count_lut, self.out, v.constants, v.grid.n_height_slices, v.grid.xy_offsets,
         )
 
     def __call__(self, points: torch.Tensor) -> torch.Tensor:
