@@ -135,8 +135,7 @@ def main(args: argparse.Namespace) -> int:
         )
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
-        g = pipe.cfg.grid
-        extent = (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+        extent = pipe.cfg.grid.region
         bev_dir = Path(args.bev_dir) if args.bev_dir else None
         if bev_dir:
             bev_dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")

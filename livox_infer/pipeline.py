@@ -20,14 +20,14 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from livox_infer.errors import BackendError, ConfigError, PointCloudError, WeightsError
+from livox_infer.errors import ConfigError, PointCloudError, WeightsError
 from livox_infer.model.boxes import axis_angle
 from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes

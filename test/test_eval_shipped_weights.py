@@ -37,8 +37,7 @@ def results():
         d = pipe.detect(points)
         return d.boxes, d.labels, d.scores
 
-    g = pipe.cfg.grid
-    region = (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+    region = pipe.cfg.grid.region
     return evaluate_on_simulation({"model": detect}, SENSORS, FRAMES_PER_SENSOR, SEED, region=region,
                                   metrics=("bev",))["model"]
 

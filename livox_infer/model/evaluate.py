@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from livox_infer import CLASS_NAMES
-from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
+from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.model.boxes import bev_iou, iou_3d, points_in_boxes
 
 DEFAULT_MIN_POINTS = 5
@@ -366,8 +365,7 @@ def main(args: argparse.Namespace) -> int:
         if not gts:
             raise ConfigError("no ground-truth frames found")
         cfg = ModelConfig.load(args.model)
-        g = cfg.grid
-        region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+        region = tuple(args.region) if args.region else cfg.grid.region
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
                                    "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip}
         runs: list[tuple[str, list[FrameBoxes]]] = []
@@ -422,8 +420,7 @@ def _main_sim(args: argparse.Namespace) -> int:
     from livox_infer.pipeline import DetectionPipeline
 
     cfg = ModelConfig.load(args.model)
-    g = cfg.grid
-    region = tuple(args.region) if args.region else (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+    region = tuple(args.region) if args.region else cfg.grid.region
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,

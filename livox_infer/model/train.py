@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -277,8 +276,7 @@ def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], 
 
 def validate(net, cfg, frames, device) -> dict[str, Any]:
     dets, gts = predict_frames(net, cfg, frames, device)
-    g = cfg.grid
-    region = (g.x_range[0], g.x_range[1], g.y_range[0], g.y_range[1])
+    region = cfg.grid.region
     res = evaluate(dets, gts, cfg.classes, VAL_MIN_POINTS, region, metrics=("bev",))
     return {"ap": res.ap, "num_gt": res.num_gt}
 

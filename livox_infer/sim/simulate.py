@@ -9,7 +9,7 @@ import numpy as np
 
 from livox_infer.errors import ConfigError
 from livox_infer.sim.geometry import cast_rays, rot_x, rot_y, rot_z
-from livox_infer.sim.scene import Scene, make_scene, parts_extent
+from livox_infer.sim.scene import Scene, make_scene
 from livox_infer.sim.sensors import SensorModel, get_sensor
 
 # Livox tag bits 0-1: spatial-position noise confidence (0 normal, 1 high-confidence noise, 2 moderate)

@@ -122,6 +122,11 @@ class GridConfig:
         return _whole((self.y_range[1] - self.y_range[0]) / self.cell_size, "y extent / cell_size")
 
     @property
+    def region(self) -> tuple[float, float, float, float]:
+        """(x_min, x_max, y_min, y_max): the BEV area the grid covers (evaluation's default region)."""
+        return (self.x_range[0], self.x_range[1], self.y_range[0], self.y_range[1])
+
+    @property
     def z_levels(self) -> int:
         return _whole((self.z_range[1] - self.z_range[0]) / self.z_quantum, "z extent / z_quantum")
 
