@@ -358,8 +358,7 @@ def _new_network_config(**over) -> ModelConfig:
 
 
 def test_iou_head_config_and_architecture():
-    with_iou = small_config(head={**small_config().to_dict()["head"], "iou_head": True},
-                            iou_score_alpha={"car": 0.5, "pedestrian": 0.2, "cyclist": 0.0})
+    with_iou = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.2, "cyclist": 0.0})
     assert with_iou.iou_head and with_iou.iou_score_alpha == (0.5, 0.2, 0.0)
     assert with_iou.architecture()["iou_head"] is True
     plain = _old_network_config()
@@ -379,7 +378,7 @@ def test_iou_loss_target_is_the_iou_of_the_regressed_box():
     """The IoU head's target at a centre is the BEV IoU of the box the head regresses there."""
     from livox_infer.model.losses import gather_regression, iou_loss
 
-    cfg = small_config(head={**small_config().to_dict()["head"], "iou_head": True})
+    cfg = _new_network_config()
     boxes = np.array([[10.3, 2.1, 0.8, 4.0, 2.0, 1.5, 0.0], [14.1, -5.3, 0.9, 0.6, 0.6, 1.7, 0.0]], np.float32)
     t = {k: torch.from_numpy(v)[None] for k, v in build_targets(boxes, np.array([0, 1]), cfg).items()}
     heads = _fake_heads({k: v[0].numpy() for k, v in t.items()}, cfg)
@@ -399,8 +398,7 @@ def test_iou_aware_scores_and_flip_merge():
     """score = heat^(1-a) * iou^a per class; the IoU map survives the flip merge."""
     from livox_infer.model.postprocess import merge_flipped
 
-    cfg = small_config(head={**small_config().to_dict()["head"], "iou_head": True},
-                       iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0})
+    cfg = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0})
     boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0],
                       [20.0, 8.05, 0.8, 1.8, 0.6, 1.7, 1.3]], np.float32)
     labels = np.array([0, 1, 2])

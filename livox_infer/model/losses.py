@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from livox_infer.model.boxes import paired_bev_iou
+from livox_infer.model.boxes import bev_corners, paired_bev_iou
 from livox_infer.model.network import HEAD_CHANNELS
 
 
@@ -32,17 +32,17 @@ def gather_regression(heads: dict[str, torch.Tensor], index: torch.Tensor) -> to
 REGRESSION_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # off_x off_y z log_l log_w log_h sin2yaw cos2yaw
 
 
+def boxes_from_regression(reg: torch.Tensor, cell_size: float) -> torch.Tensor:
+    """(K, 8) regression entries -> (K, 7) boxes relative to the entry's cell (x, y in metres)."""
+    size = torch.exp(reg[:, 3:6].clamp(-3.0, 3.5))
+    yaw = 0.5 * torch.atan2(reg[:, 6], reg[:, 7])
+    return torch.cat([reg[:, 0:2] * cell_size, reg[:, 2:3], size, yaw[:, None]], dim=1)
+
+
 def bev_corners_from_regression(reg: torch.Tensor, cell_size: float) -> torch.Tensor:
     """(..., 8) regression entries -> (..., 4, 2) BEV corners in metres, relative to the entry's cell."""
-    cx, cy = reg[..., 0] * cell_size, reg[..., 1] * cell_size
-    length, width = torch.exp(reg[..., 3].clamp(-3.0, 3.5)), torch.exp(reg[..., 4].clamp(-3.0, 3.5))
-    yaw = 0.5 * torch.atan2(reg[..., 6], reg[..., 7])
-    c, s = torch.cos(yaw), torch.sin(yaw)
-    sx = reg.new_tensor([0.5, -0.5, -0.5, 0.5])
-    sy = reg.new_tensor([0.5, 0.5, -0.5, -0.5])
-    lx, ly = length[..., None] * sx, width[..., None] * sy
-    return torch.stack([cx[..., None] + c[..., None] * lx - s[..., None] * ly,
-                        cy[..., None] + s[..., None] * lx + c[..., None] * ly], dim=-1)
+    corners = bev_corners(boxes_from_regression(reg.reshape(-1, reg.shape[-1]), cell_size))
+    return corners.reshape(*reg.shape[:-1], 4, 2)
 
 
 def corner_loss(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, cell_size: float) -> torch.Tensor:
@@ -58,13 +58,6 @@ def corner_loss(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, 
     d1 = (pc - tc.roll(2, dims=-2)).norm(dim=-1).mean(-1)
     ok = (pred[..., 6] ** 2 + pred[..., 7] ** 2 > 0.01).to(pred.dtype) * weight
     return (torch.minimum(d0, d1) * ok).sum() / weight.sum().clamp_min(1.0)
-
-
-def boxes_from_regression(reg: torch.Tensor, cell_size: float) -> torch.Tensor:
-    """(K, 8) regression entries -> (K, 7) boxes relative to the entry's cell (x, y in metres)."""
-    size = torch.exp(reg[:, 3:6].clamp(-3.0, 3.5))
-    yaw = 0.5 * torch.atan2(reg[:, 6], reg[:, 7])
-    return torch.cat([reg[:, 0:2] * cell_size, reg[:, 2:3], size, yaw[:, None]], dim=1)
 
 
 def iou_loss(heads: dict[str, torch.Tensor], pred: torch.Tensor, targets: dict[str, torch.Tensor],

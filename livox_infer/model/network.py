@@ -20,6 +20,8 @@ HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "yaw": 2}  # the box regression
 def head_channels(cfg: ModelConfig) -> dict[str, int]:
     """Regression-head outputs of a config: the box, plus the IoU prediction when configured."""
     return {**HEAD_CHANNELS, **({"iou": 1} if cfg.iou_head else {})}
+
+
 HEATMAP_PRIOR_BIAS = -2.19  # sigmoid(-2.19) ~ 0.1: CenterNet's prior so the focal loss starts stable
 
 

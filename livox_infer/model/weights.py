@@ -49,34 +49,36 @@ def read_metadata(path: str | Path) -> dict[str, str]:
         raise WeightsError(f"weights file {path} is not a valid safetensors file: {exc}") from exc
 
 
-def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> dict[str, str]:
-    """Load ``path`` into ``model`` after checking it belongs to ``cfg``. Returns the file's metadata."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(
-            f"weights file not found: {path} (config {cfg.source or cfg.name}); train one with "
-            f"`livox-infer train --config {cfg.name}` or pass weights=<file.safetensors>"
-        )
+def _detector_metadata(path: Path) -> dict[str, str]:
+    """The file's metadata, after checking it is a detector weights file."""
     meta = read_metadata(path)
     if meta.get("format") != FORMAT:
         raise WeightsError(f"{path}: not a livox_infer detector weights file (format={meta.get('format')!r})")
-    if meta.get("architecture_hash") != cfg.architecture_hash():
-        try:
-            theirs = json.loads(meta.get("architecture", "{}"))
-        except json.JSONDecodeError:
-            theirs = {}
-        ours = cfg.architecture()
-        diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-        raise WeightsError(
-            f"{path} was trained for a different model config than {cfg.source or cfg.name} "
-            f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
-        )
+    return meta
+
+
+def _differing_keys(ours: dict, theirs: dict) -> list[str]:
+    return sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+
+
+def _read_state(path: Path, map_location: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     try:
-        state = load_file(str(path), device=map_location)
+        return load_file(str(path), device=map_location)
     except Exception as exc:  # noqa: BLE001
         raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
+
+
+def _check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
+
+
+def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str) -> None:
+    """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
+    state = _read_state(path, map_location)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
@@ -86,10 +88,30 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
             f"{path} does not match the network of {cfg.source or cfg.name}: "
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}"
         )
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
+    _check_finite(state, path)
     model.load_state_dict(state)
+
+
+def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> dict[str, str]:
+    """Load ``path`` into ``model`` after checking it belongs to ``cfg``. Returns the file's metadata."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(
+            f"weights file not found: {path} (config {cfg.source or cfg.name}); train one with "
+            f"`livox-infer train --config {cfg.name}` or pass weights=<file.safetensors>"
+        )
+    meta = _detector_metadata(path)
+    if meta.get("architecture_hash") != cfg.architecture_hash():
+        try:
+            theirs = json.loads(meta.get("architecture", "{}"))
+        except json.JSONDecodeError:
+            theirs = {}
+        diff = _differing_keys(cfg.architecture(), theirs)
+        raise WeightsError(
+            f"{path} was trained for a different model config than {cfg.source or cfg.name} "
+            f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
+        )
+    _load_matching(model, cfg, path, map_location)
     return meta
 
 
@@ -109,40 +131,31 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     convolution get zero weights, so the warm-started network computes exactly what the old one did
     until training teaches it to use them. Returns the names of the tensors that were grown; any other
     difference raises `WeightsError`."""
-    from safetensors.torch import load_file
-
     from livox_infer.voxelize.grid import GridConfig
 
     path = Path(path)
-    meta = read_metadata(path)
-    if meta.get("format") != FORMAT:
-        raise WeightsError(f"{path}: not a livox_infer detector weights file (format={meta.get('format')!r})")
+    meta = _detector_metadata(path)
     if meta.get("architecture_hash") == cfg.architecture_hash():
-        load_weights(model, cfg, path, map_location)
+        _load_matching(model, cfg, path, map_location)
         return []
     try:
         theirs = json.loads(meta.get("architecture", "{}"))
     except json.JSONDecodeError as exc:
         raise WeightsError(f"{path}: unreadable architecture metadata") from exc
-    ours, theirs_core = _core_architecture(cfg.architecture()), _core_architecture(theirs)
-    diff = sorted(k for k in set(ours) | set(theirs_core) if ours.get(k) != theirs_core.get(k))
+    diff = _differing_keys(_core_architecture(cfg.architecture()), _core_architecture(theirs))
     if diff:
         raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
     old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
     new_channels = cfg.grid.channel_names
     channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
-    try:
-        state = load_file(str(path), device=map_location)
-    except Exception as exc:  # noqa: BLE001
-        raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
+    state = _read_state(path, map_location)
     own = model.state_dict()
     if set(own) != set(state):
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{sorted(set(own) - set(state))[:5]}, unexpected {sorted(set(state) - set(own))[:5]}")
+    _check_finite(state, path)
     grown = []
     for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
         mine = own[k]
         if tuple(v.shape) == tuple(mine.shape):
             continue

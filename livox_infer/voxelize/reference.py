@@ -132,7 +132,7 @@ def accumulate_reference(points: torch.Tensor, grid: GridConfig, c: ReferenceCon
         "intensity_sum": i_sum[:k], "occupancy": occupancy[:k],
     }
     if xy_step is not None:
-        for j, name in enumerate(("x_sum", "y_sum")):
+        for j, name in enumerate(XY_SUMS):
             acc[name] = torch.zeros(n1, dtype=torch.int64, device=dev).index_add_(0, cell, xy_step[j])[:k]
     return acc
 
@@ -154,7 +154,7 @@ def normalize_reference(acc: dict[str, torch.Tensor], grid: GridConfig, c: Refer
     ch_int = torch.where(occupied, i_mean_q.to(torch.float32) * c.inv_intensity_levels, zero)
     fixed = [ch_count, ch_zmax, ch_zmin, ch_zmean, ch_int]
     if grid.xy_offsets:  # (2 * rounded mean step + 1) / (2 * levels), as kernel 2
-        for name in ("x_sum", "y_sum"):
+        for name in XY_SUMS:
             odd = 2 * torch.div(2 * acc[name] + n, 2 * n, rounding_mode="floor") + 1
             fixed.append(torch.where(occupied, odd.to(torch.float32) * c.inv_2_xy_levels, zero))
     slices = ((acc["occupancy"].unsqueeze(0) >> c.slice_bits.unsqueeze(1)) & 1).to(torch.float32)
@@ -174,6 +174,8 @@ def voxelize_reference_dense(
 REFERENCE_STATE_IDENTITIES = {
     "count": 0, "z_max": INT32_MIN, "z_min": INT32_MAX, "z_sum": 0, "intensity_sum": 0, "last_point": -1,
 }
+XY_SUMS = ("x_sum", "y_sum")  # state of grids with the sub-cell x/y channels
+STATE_IDENTITIES = {**REFERENCE_STATE_IDENTITIES, **dict.fromkeys(XY_SUMS, 0)}
 
 
 def new_reference_state(grid: GridConfig, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -182,10 +184,10 @@ def new_reference_state(grid: GridConfig, device: torch.device | str = "cpu") ->
     and skip allocating (and page-faulting in) them per frame. (int64 throughout: the index and
     value dtype of torch's scatter ops, so no conversions per frame; the values equal the
     kernel's int32 ones.)"""
-    names = {**REFERENCE_STATE_IDENTITIES, **({"x_sum": 0, "y_sum": 0} if grid.xy_offsets else {})}
+    names = [n for n in STATE_IDENTITIES if grid.xy_offsets or n not in XY_SUMS]
     return {
-        name: torch.full((grid.n_cells + 1,), identity, dtype=torch.int64, device=device)
-        for name, identity in names.items()
+        name: torch.full((grid.n_cells + 1,), STATE_IDENTITIES[name], dtype=torch.int64, device=device)
+        for name in names
     }
 
 
@@ -211,11 +213,9 @@ def voxelize_reference(
     s["z_min"].scatter_reduce_(0, cell, zq, "amin")
     s["z_sum"].scatter_add_(0, cell, zq)
     s["intensity_sum"].scatter_add_(0, cell, iq)
-    sums = ("count", "z_max", "z_min", "z_sum", "intensity_sum")
     if xy_step is not None:
-        s["x_sum"].scatter_add_(0, cell, xy_step[0])
-        s["y_sum"].scatter_add_(0, cell, xy_step[1])
-        sums += ("x_sum", "y_sum")
+        for j, name in enumerate(XY_SUMS):
+            s[name].scatter_add_(0, cell, xy_step[j])
     if n_cells <= 2 * n_points:  # small grid: scanning it is cheaper than the trick below
         cells = torch.nonzero(s["count"][:n_cells]).squeeze(1)
     else:  # one representative point per occupied cell (the last one), no scan of the grid
@@ -240,7 +240,7 @@ def voxelize_reference(
         rounded_mean(s["intensity_sum"]).to(torch.float32).mul_(c.inv_intensity_levels),
     ]
     if xy_step is not None:  # (2 * rounded mean step + 1) / (2 * levels), as kernel 2
-        for name in ("x_sum", "y_sum"):
+        for name in XY_SUMS:
             channels.append(rounded_mean(s[name]).mul_(2).add_(1).to(torch.float32).mul_(c.inv_2_xy_levels))
 
     # Flat output with one trailing trash element that invalid points write their slice to.
@@ -253,8 +253,8 @@ def voxelize_reference(
         out2d[k].index_copy_(0, cells, values)
 
     dense_reset = 4 * cells.shape[0] >= n_cells  # many cells touched: a memset beats scattered writes
-    for name in sums:
-        identity = REFERENCE_STATE_IDENTITIES.get(name, 0)
+    for name in s.keys() - {"last_point"}:  # (reset above, only for the cells it marked)
+        identity = STATE_IDENTITIES[name]
         if dense_reset:
             s[name].fill_(identity)
         else:
