@@ -13,6 +13,7 @@ from livox_infer.errors import ConfigError, WeightsError
 from livox_infer.model import InferenceModel, ModelConfig, build_model, load_weights, save_weights
 from livox_infer.model.evaluate import FrameBoxes, average_precision_r40, evaluate
 from livox_infer.model.losses import detection_loss
+from livox_infer.model.network import ResidualBlock, fuse_batchnorm
 from livox_infer.model.postprocess import select_detections, topk_decode
 from livox_infer.model.targets import build_targets
 
@@ -449,6 +450,79 @@ def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
     other = _new_network_config(head={**cfg.to_dict()["head"], "head_channels": 4})
     with pytest.raises(WeightsError, match="head_channels"):
         warm_start(build_model(other), other, p)
+
+
+def _residual_config(stages, head) -> ModelConfig:
+    d = _new_network_config().to_dict()
+    d["backbone"]["residual_blocks"] = list(stages)
+    d["head"]["residual_blocks"] = head
+    return ModelConfig.from_dict(d, source="test")
+
+
+def test_residual_block_config_and_architecture():
+    plain = _new_network_config()
+    grown = _residual_config([1, 2, 0], 1)
+    assert grown.residual_blocks == (1, 2, 0) and grown.head_residual_blocks == 1
+    assert ModelConfig.from_dict(grown.to_dict()) == ModelConfig.from_dict(grown.to_dict())
+    # configs without residual blocks keep their architecture hash (the shipped weights load)
+    assert "residual_blocks" not in plain.architecture() and "head_residual_blocks" not in plain.architecture()
+    assert _residual_config([0, 0, 0], 0).architecture_hash() == plain.architecture_hash()
+    assert grown.architecture_hash() != plain.architecture_hash() != _residual_config([0, 2, 1], 1).architecture_hash()
+    n_stages = len(plain.stage_channels)
+    for bad in ([1] * (n_stages + 1), [-1] * n_stages, [0.5] * n_stages, "2"):
+        with pytest.raises(ConfigError, match="residual_blocks"):
+            _residual_config(bad, 0)
+    with pytest.raises(ConfigError, match="head.residual_blocks"):
+        _residual_config([0] * n_stages, -1)
+    net = build_model(grown)
+    out = net(torch.zeros(1, *grown.grid.shape))
+    assert out["heatmap"].shape == (1, grown.num_classes, *grown.head_shape)
+    n_res = sum(isinstance(m, ResidualBlock) for m in net.modules())
+    assert n_res == 4
+
+
+def test_warm_start_adds_residual_blocks_as_the_identity(tmp_path):
+    """Weights without residual blocks initialise a network with them: the new blocks start as the
+    identity, so the grown network gives the old outputs exactly (also with BatchNorm folded, as the
+    pipeline runs it); a file with more blocks than the network is refused."""
+    from livox_infer.model.weights import warm_start
+
+    torch.manual_seed(1)
+    small_cfg = _new_network_config()
+    small = build_model(small_cfg).eval()
+    for m in small.modules():  # non-trivial BatchNorm statistics
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    p = tmp_path / "small.safetensors"
+    save_weights(small, small_cfg, p)
+    cfg = _residual_config([1, 2, 0], 1)
+    grown = build_model(cfg).eval()
+    added = warm_start(grown, cfg, p)
+    assert added and all(".body." in k for k in added)
+    assert {k.split(".body.")[0] for k in added} == {"stages.0.1", "stages.1.1", "stages.1.2", "head_blocks.0"}
+    bev = torch.rand(1, *cfg.grid.shape) * (torch.rand(1, 1, *cfg.grid.shape[1:]) < 0.2)
+    with torch.no_grad():
+        want = small(bev)
+        got = grown(bev)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        # a trained block is no longer the identity, and folding BatchNorm keeps what it computes
+        for m in grown.modules():
+            if isinstance(m, ResidualBlock):
+                m.body[4].weight.uniform_(0.5, 1.5)
+        trained = grown(bev)
+        assert not torch.allclose(trained["heatmap"], want["heatmap"])
+        folded = fuse_batchnorm(grown)(bev)
+        for name in trained:
+            assert torch.allclose(folded[name], trained[name], atol=1e-4), name
+    p_grown = tmp_path / "grown.safetensors"
+    save_weights(build_model(cfg), cfg, p_grown)
+    fewer = _residual_config([1, 1, 0], 1)
+    with pytest.raises(WeightsError, match="unexpected"):
+        warm_start(build_model(fewer), fewer, p_grown)
+    with pytest.raises(WeightsError):
+        load_weights(build_model(cfg), cfg, p)  # a strict load still refuses weights of the smaller network
 
 
 def test_mirror_bev_equals_voxelizing_the_mirrored_cloud():

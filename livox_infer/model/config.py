@@ -30,6 +30,18 @@ def _positive_ints(value: Any, name: str) -> tuple[int, ...]:
     return out
 
 
+def _counts(value: Any, name: str) -> tuple[int, ...]:
+    """A list of counts >= 0 (``_positive_ints`` allows no zero)."""
+    try:
+        out = tuple(int(v) for v in value)
+        ok = all(int(v) == v for v in value)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or any(v < 0 for v in out):
+        raise ConfigError(f"{name} must be a list of whole numbers >= 0, got {value!r}")
+    return out
+
+
 def _per_class(value: Any, classes: tuple[str, ...], name: str, lo: float, hi: float) -> tuple[float, ...]:
     """A number (same for all classes) or a {class: number} mapping covering every class."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -60,6 +72,10 @@ class ModelConfig:
     stem_blocks: int = 1
     stage_channels: tuple[int, ...] = (32, 64, 128)
     stage_blocks: tuple[int, ...] = (2, 2, 2)
+    # zero-initialised residual blocks appended to each stage / after the head's fuse conv: they start as
+    # the identity, so a network can grow from trained weights without changing its output (warm_start)
+    residual_blocks: tuple[int, ...] = ()
+    head_residual_blocks: int = 0
     neck_channels: int = 32
     head_channels: int = 32
     out_stride: int = 2  # head cells per input cell (1 stride-1 stem, then stride-2 stages)
@@ -106,7 +122,9 @@ class ModelConfig:
             "neck_channels": self.neck_channels,
             "head_channels": self.head_channels,
             "out_stride": self.out_stride,
-            # only when set, so weights trained before the IoU head existed keep their hash
+            # only when set, so weights trained before these existed keep their hash
+            **({"residual_blocks": list(self.residual_blocks)} if any(self.residual_blocks) else {}),
+            **({"head_residual_blocks": self.head_residual_blocks} if self.head_residual_blocks else {}),
             **({"iou_head": True} if self.iou_head else {}),
         }
 
@@ -137,8 +155,10 @@ class ModelConfig:
         hd = d.get("head", {}) or {}
         nms = d.get("nms", {}) or {}
         for sec, keys in (
-            (bb, {"stem_channels", "stem_stride", "stem_blocks", "stage_channels", "stage_blocks", "neck_channels"}),
-            (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k", "iou_head"}),
+            (bb, {"stem_channels", "stem_stride", "stem_blocks", "stage_channels", "stage_blocks", "residual_blocks",
+                  "neck_channels"}),
+            (hd, {"head_channels", "out_stride", "min_radius", "gaussian_overlap", "max_objects", "top_k", "iou_head",
+                  "residual_blocks"}),
             (nms, {"iou_threshold", "max_detections", "cross_class_iou"}),
         ):
             if not isinstance(sec, dict) or set(sec) - keys:
@@ -147,6 +167,10 @@ class ModelConfig:
         stage_blocks = _positive_ints(bb.get("stage_blocks", (2,) * len(stage_channels)), "backbone.stage_blocks")
         if len(stage_blocks) != len(stage_channels):
             raise ConfigError("backbone.stage_blocks and backbone.stage_channels must have the same length")
+        residual_blocks = _counts(bb.get("residual_blocks", (0,) * len(stage_channels)), "backbone.residual_blocks")
+        if len(residual_blocks) != len(stage_channels):
+            raise ConfigError("backbone.residual_blocks and backbone.stage_channels must have the same length")
+        (head_residual,) = _counts([hd.get("residual_blocks", 0)], "head.residual_blocks")
         (stem,) = _positive_ints([bb.get("stem_channels", 16)], "backbone.stem_channels")
         (neck,) = _positive_ints([bb.get("neck_channels", 32)], "backbone.neck_channels")
         (head_ch,) = _positive_ints([hd.get("head_channels", 32)], "head.head_channels")
@@ -187,6 +211,8 @@ class ModelConfig:
             stem_blocks=stem_blocks,
             stage_channels=stage_channels,
             stage_blocks=stage_blocks,
+            residual_blocks=residual_blocks,
+            head_residual_blocks=head_residual,
             neck_channels=neck,
             head_channels=head_ch,
             out_stride=out_stride,
@@ -247,6 +273,7 @@ class ModelConfig:
                 "stem_blocks": self.stem_blocks,
                 "stage_channels": list(self.stage_channels),
                 "stage_blocks": list(self.stage_blocks),
+                **({"residual_blocks": list(self.residual_blocks)} if any(self.residual_blocks) else {}),
                 "neck_channels": self.neck_channels,
             },
             "head": {
@@ -257,6 +284,7 @@ class ModelConfig:
                 "max_objects": self.max_objects,
                 "top_k": self.top_k,
                 **({"iou_head": True} if self.iou_head else {}),
+                **({"residual_blocks": self.head_residual_blocks} if self.head_residual_blocks else {}),
             },
             "score_thresholds": by(self.score_thresholds),
             **({"iou_score_alpha": by(self.iou_score_alpha)} if self.iou_head else {}),

@@ -33,6 +33,26 @@ def conv_bn(cin: int, cout: int, stride: int = 1, k: int = 3) -> nn.Sequential:
     )
 
 
+class ResidualBlock(nn.Module):
+    """relu(x + bn(conv(relu(bn(conv(x)))))) with the last BatchNorm's scale at zero, so a new block is
+    the identity on its (ReLU, hence non-negative) input: a trained network grows without changing
+    its output, and training then decides what the block adds (zero-init residuals, Goyal et al. 2017)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(  # a Sequential so that fuse_batchnorm folds its conv+BN pairs
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+        )
+        nn.init.zeros_(self.body[4].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
 class BevDetector(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -44,8 +64,10 @@ class BevDetector(nn.Module):
         self.stem = nn.Sequential(*stem)
         stages = []
         prev = cfg.stem_channels
-        for ch, blocks in zip(cfg.stage_channels, cfg.stage_blocks):
+        residual = cfg.residual_blocks or (0,) * len(cfg.stage_channels)
+        for ch, blocks, extra in zip(cfg.stage_channels, cfg.stage_blocks, residual):
             layers = [conv_bn(prev, ch, stride=2)] + [conv_bn(ch, ch) for _ in range(blocks - 1)]
+            layers += [ResidualBlock(ch) for _ in range(extra)]
             stages.append(nn.Sequential(*layers))
             prev = ch
         self.stages = nn.ModuleList(stages)
@@ -55,6 +77,7 @@ class BevDetector(nn.Module):
         self.lateral_from = [i for i, s in enumerate(strides) if s >= cfg.out_stride]
         self.laterals = nn.ModuleList(conv_bn(channels[i], cfg.neck_channels, k=1) for i in self.lateral_from)
         self.fuse = conv_bn(cfg.neck_channels, cfg.head_channels)
+        self.head_blocks = nn.Sequential(*(ResidualBlock(cfg.head_channels) for _ in range(cfg.head_residual_blocks)))
         self.heatmap = nn.Conv2d(cfg.head_channels, cfg.num_classes, 1)
         # the box regression gets its own 3x3 layer (CenterPoint-style task head); the heatmap reads the neck
         self.regression = nn.Sequential(
@@ -79,7 +102,7 @@ class BevDetector(nn.Module):
             if y.shape[-2:] != target_hw:
                 y = F.interpolate(y, size=target_hw, mode="nearest")
             neck = y if neck is None else neck + y
-        h = self.fuse(neck)
+        h = self.head_blocks(self.fuse(neck))
         reg = self.regression(h)
         out = {"heatmap": self.heatmap(h)}
         start = 0

@@ -415,7 +415,9 @@ def _train(args: argparse.Namespace) -> int:
         from livox_infer.model.weights import warm_start
 
         grown = warm_start(net, cfg, args.init, map_location=str(device))
-        log.info("initialised from %s%s", args.init, f" (new output rows in {', '.join(grown)})" if grown else "")
+        log.info("initialised from %s%s", args.init,
+                 f" ({len(grown)} tensors grown or added: {', '.join(grown[:4])}{', ...' if len(grown) > 4 else ''})"
+                 if grown else "")
     if args.resume and ckpt.is_file():
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
