@@ -26,6 +26,7 @@ def small_config(**over) -> ModelConfig:
     d["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8], cell_size=0.4)
     d["backbone"] = {"stem_channels": 4, "stage_channels": [8, 8, 8], "stage_blocks": [1, 1, 1], "neck_channels": 8}
     d["head"]["head_channels"] = 8
+    d["head"].pop("residual_blocks", None)  # the residual-block tests add them explicitly
     d.update(over)
     return ModelConfig.from_dict(d, source="test")
 
