@@ -418,6 +418,17 @@ def test_iou_aware_scores_and_flip_merge():
     assert torch.allclose(merged["iou"], heads["iou"])
 
 
+def _saved_network(cfg: ModelConfig, path: Path):
+    """An eval-mode network of ``cfg`` with non-trivial BatchNorm statistics, saved to ``path``."""
+    net = build_model(cfg).eval()
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    save_weights(net, cfg, path)
+    return net
+
+
 def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
     """Weights without the IoU head and without the sub-cell x/y channels initialise a network with
     both: box rows copied, the new input channels start at zero weight, so the warm-started network
@@ -426,13 +437,8 @@ def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
 
     torch.manual_seed(0)
     plain_cfg = _old_network_config()
-    plain = build_model(plain_cfg).eval()
-    for m in plain.modules():  # non-trivial BatchNorm statistics
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
     p = tmp_path / "plain.safetensors"
-    save_weights(plain, plain_cfg, p)
+    plain = _saved_network(plain_cfg, p)
     cfg = _new_network_config()
     net = build_model(cfg).eval()
     fresh_iou_row = net.regression[1].weight[8:].clone()
@@ -489,14 +495,8 @@ def test_warm_start_adds_residual_blocks_as_the_identity(tmp_path):
     from livox_infer.model.weights import warm_start
 
     torch.manual_seed(1)
-    small_cfg = _new_network_config()
-    small = build_model(small_cfg).eval()
-    for m in small.modules():  # non-trivial BatchNorm statistics
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
     p = tmp_path / "small.safetensors"
-    save_weights(small, small_cfg, p)
+    small = _saved_network(_new_network_config(), p)
     cfg = _residual_config([1, 2, 0], 1)
     grown = build_model(cfg).eval()
     added = warm_start(grown, cfg, p)

@@ -20,25 +20,15 @@ from livox_infer.errors import ConfigError
 from livox_infer.voxelize.grid import GridConfig
 
 
-def _positive_ints(value: Any, name: str) -> tuple[int, ...]:
+def _positive_ints(value: Any, name: str, minimum: int = 1) -> tuple[int, ...]:
+    """A non-empty list of whole numbers >= ``minimum`` (1: positive; 0 for counts that may be zero)."""
+    what = "positive integers" if minimum == 1 else f"whole numbers >= {minimum}"
     try:
         out = tuple(int(v) for v in value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name} must be a list of positive integers, got {value!r}") from exc
-    if not out or any(v < 1 for v in out) or any(float(v) != float(w) for v, w in zip(out, value)):
-        raise ConfigError(f"{name} must be a non-empty list of positive integers, got {value!r}")
-    return out
-
-
-def _counts(value: Any, name: str) -> tuple[int, ...]:
-    """A list of counts >= 0 (``_positive_ints`` allows no zero)."""
-    try:
-        out = tuple(int(v) for v in value)
-        ok = all(int(v) == v for v in value)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or any(v < 0 for v in out):
-        raise ConfigError(f"{name} must be a list of whole numbers >= 0, got {value!r}")
+        raise ConfigError(f"{name} must be a list of {what}, got {value!r}") from exc
+    if not out or any(v < minimum for v in out) or any(float(v) != float(w) for v, w in zip(out, value)):
+        raise ConfigError(f"{name} must be a non-empty list of {what}, got {value!r}")
     return out
 
 
@@ -167,10 +157,11 @@ class ModelConfig:
         stage_blocks = _positive_ints(bb.get("stage_blocks", (2,) * len(stage_channels)), "backbone.stage_blocks")
         if len(stage_blocks) != len(stage_channels):
             raise ConfigError("backbone.stage_blocks and backbone.stage_channels must have the same length")
-        residual_blocks = _counts(bb.get("residual_blocks", (0,) * len(stage_channels)), "backbone.residual_blocks")
+        residual_blocks = _positive_ints(bb.get("residual_blocks", (0,) * len(stage_channels)), "backbone.residual_blocks",
+                                         minimum=0)
         if len(residual_blocks) != len(stage_channels):
             raise ConfigError("backbone.residual_blocks and backbone.stage_channels must have the same length")
-        (head_residual,) = _counts([hd.get("residual_blocks", 0)], "head.residual_blocks")
+        (head_residual,) = _positive_ints([hd.get("residual_blocks", 0)], "head.residual_blocks", minimum=0)
         (stem,) = _positive_ints([bb.get("stem_channels", 16)], "backbone.stem_channels")
         (neck,) = _positive_ints([bb.get("neck_channels", 32)], "backbone.neck_channels")
         (head_ch,) = _positive_ints([hd.get("head_channels", 32)], "head.head_channels")
