@@ -12,6 +12,7 @@ import yaml
 from safetensors import safe_open
 
 from conftest import tiny_model_dict
+from livox_infer.errors import ConfigError
 from livox_infer.model import ModelConfig
 from livox_infer.model import train as train_mod
 from livox_infer.model.losses import bev_corners_from_regression, corner_loss, detection_loss
@@ -200,6 +201,50 @@ def test_detection_loss_with_corners_and_neighbours():
     # at initialisation the yaw outputs are ~0 (atan2 undefined): the corner term starts once they are not
     assert losses[0][1]["corners"] == 0.0 and 0 < parts["corners"]
     assert losses[-1][0] < 0.7 * losses[0][0] and parts["regression"] < losses[0][1]["regression"]
+
+
+def test_resolve_precision(monkeypatch):
+    cpu = torch.device("cpu")
+    assert train_mod.resolve_precision("fp32", cpu) is None
+    assert train_mod.resolve_precision("bf16", cpu) is torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert train_mod.resolve_precision("auto", cpu) is torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert train_mod.resolve_precision("auto", cpu) is None  # bf16 without AMX tiles is slower than fp32
+    with pytest.raises(ConfigError, match="precision"):
+        train_mod.resolve_precision("fp16", cpu)
+
+
+@pytest.mark.parametrize("amp_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batch_loss_learns_in_both_precisions(amp_dtype):
+    """The training step's loss (channels_last, autocast) fits one frame, and weights and gradients stay fp32."""
+    cfg = ModelConfig.from_dict(_small_config(), source="test")
+    torch.manual_seed(0)
+    from livox_infer.model import build_model
+
+    net = build_model(cfg).to(memory_format=torch.channels_last)
+    boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4]], np.float32)
+    t = {k: torch.from_numpy(v)[None] for k, v in build_targets(boxes, np.array([0]), cfg).items()}
+    bev = torch.rand(1, *cfg.grid.shape)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss, parts = train_mod.batch_loss(net, bev, t, cfg, amp_dtype)
+        assert loss.dtype == torch.float32
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in net.parameters())
+    assert math.isfinite(losses[-1]) and losses[-1] < 0.5 * losses[0]
+    # with the same starting weights, bf16 and fp32 compute the same loss to bf16 precision
+    torch.manual_seed(0)
+    fresh = build_model(cfg)
+    with torch.no_grad():
+        ref, _ = train_mod.batch_loss(fresh, bev, t, cfg, None)
+        got, _ = train_mod.batch_loss(fresh, bev, t, cfg, amp_dtype)
+    assert abs(float(got) - float(ref)) <= 0.03 * abs(float(ref))
+    assert (float(got) != float(ref)) == (amp_dtype is not None)  # autocast did engage (and only for bf16)
 
 
 # --------------------------------------------------------------------------- livox-infer train
