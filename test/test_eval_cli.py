@@ -28,11 +28,42 @@ def test_eval_sim_with_moving_sensor_writes_json(tmp_path, capsys):
     assert "held-out simulated frames" in capsys.readouterr().out
 
 
+def test_eval_sim_by_range(tmp_path, capsys):
+    out = tmp_path / "res.json"
+    rc = cli_main(["eval", "--sim-frames", "1", "--sensors", "avia", "--seed", "2", "--no-compile",
+                   "--ranges", "0,30,inf", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["model lite"]
+    assert set(res) == {"avia", "all", "all 0-30 m", "all 30+ m"}
+    # the bins split the relevant ground truth of the whole set between them
+    for cls in ("car", "pedestrian", "cyclist"):
+        assert res["all 0-30 m"]["num_gt"][cls] + res["all 30+ m"]["num_gt"][cls] == res["all"]["num_gt"][cls]
+    assert "all 30+ m" in capsys.readouterr().out
+
+
+def test_eval_bag_by_range_with_baseline(tmp_path, capsys):
+    """A simulated bag (clouds + /livox_infer/ground_truth) evaluated whole and per range bin, model and baseline."""
+    bag = tmp_path / "drive"
+    assert cli_main(["simulate", "--sensor", "horizon", "--frames", "2", "--seed", "4", "--out", str(bag)]) == 0
+    out = tmp_path / "res.json"
+    rc = cli_main(["eval", str(bag), "--no-compile", "--baseline", "--ranges", "0,25,inf", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    for name in ("model lite", "baseline"):
+        whole, bins = res[name], res[name]["by_range"]
+        assert set(bins) == {"0-25 m", "25+ m"} and whole["num_frames"] == 2
+        for cls in ("car", "pedestrian", "cyclist"):
+            assert bins["0-25 m"]["num_gt"][cls] + bins["25+ m"]["num_gt"][cls] == whole["num_gt"][cls]
+    assert whole["num_gt"]["car"] > 0
+    assert "objects at 25+ m from the sensor" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--sim-option", "ego_speed"], "KEY=VALUE"),
     (["--score-threshold", "2"], "score-threshold"),
     (["--score-threshold", "high"], "score-threshold"),
     (["--sim-option", "no_such_option=1"], "no_such_option"),
+    (["--ranges", "30,10"], "ranges"),
 ])
 def test_eval_sim_argument_errors(args, message, capsys):
     rc = cli_main(["eval", "--sim-frames", "1", "--sensors", "avia", "--no-compile", *args])

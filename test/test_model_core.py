@@ -263,6 +263,32 @@ def test_ap_ignores_gt_with_few_points_and_their_detections():
     assert evaluate(only_far, gt, min_points=5).ap["car"]["bev@0.7"] == 0.0
 
 
+def test_ap_by_range_bin():
+    near, far = [10.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0], [45.0, 5.0, 0.8, 4.0, 1.8, 1.5, 0.0]
+    gt = [fb([near, far], [0, 0])]
+    dets = [fb([near], [0], [0.9])]  # only the near car is found
+    assert evaluate(dets, gt).ap["car"]["bev@0.7"] == pytest.approx(0.5)
+    res = evaluate(dets, gt, range_bin=(0, 30))
+    assert res.ap["car"]["bev@0.7"] == pytest.approx(1.0) and res.num_gt["car"] == 1 and res.num_ignored["car"] == 1
+    assert evaluate(dets, gt, range_bin=(30, math.inf)).ap["car"]["bev@0.7"] == 0.0
+    # a detection just inside a bin matched to a GT just outside it is neither TP nor FP there
+    edge_gt = [fb([[30.2, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0], near], [0, 0])]
+    edge_det = [fb([[29.9, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0], near], [0, 0], [0.95, 0.9])]
+    assert evaluate(edge_det, edge_gt, range_bin=(0, 30)).ap["car"]["bev@0.7"] == pytest.approx(1.0)
+    assert evaluate(edge_det, edge_gt, range_bin=(30, 60)).ap["car"]["bev@0.7"] == pytest.approx(0.0)
+
+
+def test_range_bins_and_their_errors():
+    from livox_infer.model.evaluate import parse_ranges, range_bins
+
+    assert range_bins(parse_ranges("0,20,40,inf")) == [("0-20 m", (0.0, 20.0)), ("20-40 m", (20.0, 40.0)),
+                                                        ("40+ m", (40.0, math.inf))]
+    assert range_bins(None) == [] and parse_ranges(None) is None
+    for bad in ("20,10", "0", "-5,10", "0,ten", "0,nan"):
+        with pytest.raises(ConfigError, match="ranges"):
+            parse_ranges(bad)
+
+
 def test_ap_class_mismatch_is_not_a_match():
     gt = [fb([CAR], [0])]
     assert evaluate([fb([CAR], [2], [0.9])], gt).ap["car"]["bev@0.7"] == 0.0

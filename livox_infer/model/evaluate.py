@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,13 +132,25 @@ def in_region(boxes: np.ndarray, region) -> np.ndarray:
     return (boxes[:, 0] >= x0) & (boxes[:, 0] < x1) & (boxes[:, 1] >= y0) & (boxes[:, 1] < y1)
 
 
+def in_range_bin(boxes: np.ndarray, range_bin) -> np.ndarray:
+    """Boxes whose centre lies at a BEV distance from the sensor in [lo, hi) (all when range_bin is None)."""
+    boxes = np.asarray(boxes).reshape(-1, 7)
+    if range_bin is None:
+        return np.ones(boxes.shape[0], bool)
+    r = np.hypot(boxes[:, 0], boxes[:, 1])
+    return (r >= range_bin[0]) & (r < range_bin[1])
+
+
 def evaluate(
     detections: Sequence[FrameBoxes], ground_truth: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
     min_points: int = DEFAULT_MIN_POINTS, region: tuple[float, float, float, float] | None = None,
-    metrics: Iterable[str] = ("bev", "3d"),
+    metrics: Iterable[str] = ("bev", "3d"), range_bin: tuple[float, float] | None = None,
 ) -> EvalResult:
     """AP per class over aligned lists of frames. ``region`` = (x_min, x_max, y_min, y_max) or None.
 
+    ``range_bin`` = (lo, hi) metres: only objects whose centre lies at that BEV distance from the sensor
+    count, the way ``region`` restricts them (GT outside is ignored, detections outside are dropped),
+    so a detection just inside the bin that matches a GT just outside is neither TP nor FP.
     GT ``num_points`` None means "unknown": then no GT is ignored for having few points."""
     if len(detections) != len(ground_truth):
         raise ConfigError(f"{len(detections)} detection frames but {len(ground_truth)} ground-truth frames")
@@ -151,10 +164,10 @@ def evaluate(
                 for det, gt in zip(detections, ground_truth):
                     gsel = gt.labels == ci
                     gb = gt.boxes[gsel]
-                    ignore = ~in_region(gb, region)
+                    ignore = ~(in_region(gb, region) & in_range_bin(gb, range_bin))
                     if gt.num_points is not None:
                         ignore |= gt.num_points[gsel] < min_points
-                    dsel = (det.labels == ci) & in_region(det.boxes, region)
+                    dsel = (det.labels == ci) & in_region(det.boxes, region) & in_range_bin(det.boxes, range_bin)
                     db, ds = det.boxes[dsel], det.scores[dsel]
                     tp, keep, relevant = match_frame(db, ds, gb, ignore, thr, metric)
                     all_scores.append(ds[keep])
@@ -243,8 +256,10 @@ def simulated_eval_frames(sensor: str, n: int, seed: int = 0, sim_options: dict 
 def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, seed: int = 0,
                            classes: Sequence[str] = CLASS_NAMES, min_points: int = DEFAULT_MIN_POINTS,
                            region=None, metrics=("bev", "3d"),
-                           sim_options: dict | None = None) -> dict[str, dict[str, EvalResult]]:
-    """AP per sensor (and "all" pooled) for each named detector ``fn(points) -> (boxes, labels, scores)``."""
+                           sim_options: dict | None = None,
+                           ranges: Sequence[float] | None = None) -> dict[str, dict[str, EvalResult]]:
+    """AP per sensor (and "all" pooled) for each named detector ``fn(points) -> (boxes, labels, scores)``;
+    with ``ranges`` (bin edges in metres) also the pooled AP per range bin, keyed "all <lo>-<hi> m"."""
     per: dict[str, dict[str, EvalResult]] = {name: {} for name in detect_fns}
     pooled: dict[str, tuple[list, list]] = {name: ([], []) for name in detect_fns}
     for sensor in sensors:
@@ -260,19 +275,32 @@ def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, see
             pooled[name][1].extend(gts)
     for name in detect_fns:
         per[name]["all"] = evaluate(pooled[name][0], pooled[name][1], classes, min_points, region, metrics)
+        for label, rb in range_bins(ranges):
+            per[name][f"all {label}"] = evaluate(pooled[name][0], pooled[name][1], classes, min_points, region,
+                                                 metrics, rb)
     return per
+
+
+def range_bins(edges: Sequence[float] | None) -> list[tuple[str, tuple[float, float]]]:
+    """Bin edges [0, 20, 40, inf] -> [("0-20 m", (0, 20)), ("20-40 m", (20, 40)), ("40+ m", (40, inf))]."""
+    if not edges:
+        return []
+    e = [float(v) for v in edges]
+    if len(e) < 2 or any(not b > a for a, b in zip(e, e[1:])) or e[0] < 0 or any(math.isnan(v) for v in e):
+        raise ConfigError(f"--ranges needs at least two increasing distances >= 0 (metres), got {list(edges)}")
+    return [(f"{a:g}+ m" if math.isinf(b) else f"{a:g}-{b:g} m", (a, b)) for a, b in zip(e, e[1:])]
 
 
 def summary_table(results: dict[str, EvalResult], title: str) -> str:
     """One row per sensor: car BEV/3D AP@0.7, pedestrian and cyclist BEV/3D AP@0.5."""
     cols = [("car", "bev@0.7"), ("car", "3d@0.7"), ("car", "bev@0.5"), ("pedestrian", "bev@0.5"),
             ("pedestrian", "3d@0.5"), ("cyclist", "bev@0.5"), ("cyclist", "3d@0.5")]
-    head = f"{'sensor':<9}" + "".join(f"{c[:3] + ' ' + k:>13}" for c, k in cols) + f"{'GT c/p/y':>14}"
+    head = f"{'sensor':<13}" + "".join(f"{c[:3] + ' ' + k:>13}" for c, k in cols) + f"{'GT c/p/y':>14}"
     lines = [title, head]
     for sensor, r in results.items():
         vals = "".join(f"{r.ap.get(c, {}).get(k, float('nan')):>13.3f}" for c, k in cols)
         gt = "/".join(str(r.num_gt.get(c, 0)) for c in ("car", "pedestrian", "cyclist"))
-        lines.append(f"{sensor:<9}{vals}{gt:>14}")
+        lines.append(f"{sensor:<13}{vals}{gt:>14}")
     return "\n".join(lines)
 
 
@@ -305,6 +333,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for --sim-frames, e.g. 'ego_speed=[0,15]' "
                         "'yaw_rate_dps=[-15,15]' (a moving, turning vehicle); repeatable")
+    p.add_argument("--ranges", default=None, metavar="EDGES",
+                   help="also report AP per range bin of the object's BEV distance from the sensor, e.g. "
+                        "'0,20,40,inf' (pooled over sensors; GT and detections outside a bin are left out)")
     p.add_argument("--out", help="write the results as JSON here")
 
 
@@ -322,6 +353,18 @@ def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"--sim-option {item!r}: value is not valid YAML ({exc})") from exc
     return out
+
+
+def parse_ranges(value: str | None) -> list[float] | None:
+    """'0,20,40,inf' -> [0.0, 20.0, 40.0, inf] (checked by `range_bins`); None stays None."""
+    if value is None:
+        return None
+    try:
+        edges = [float(v) for v in str(value).split(",") if v.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--ranges must be comma-separated distances in metres, got {value!r}") from exc
+    range_bins(edges)
+    return edges
 
 
 def _score_thresholds(value: str):
@@ -353,6 +396,7 @@ def main(args: argparse.Namespace) -> int:
     from livox_infer.model.config import ModelConfig
 
     try:
+        parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
         if args.sim_frames:
             return _main_sim(args)
         if not args.input:
@@ -402,11 +446,16 @@ def main(args: argparse.Namespace) -> int:
                 b = base.detect(cloud.points)
                 dets.append(FrameBoxes(b.boxes, b.labels, b.scores, None, stamp))
             runs.append(("baseline", dets))
+        bins = range_bins(parse_ranges(args.ranges))
         for name, dets in runs:
             d_al, g_al = align_frames(dets, gts)
             res = evaluate(d_al, g_al, cfg.classes, args.min_points, region)
             print(res.table(f"== {name}: {res.num_frames} frames, AP (R40), GT with < {args.min_points} points ignored =="))
             results[name] = res.to_dict()
+            for label, rb in bins:
+                r = evaluate(d_al, g_al, cfg.classes, args.min_points, region, range_bin=rb)
+                print(r.table(f"-- {name}, objects at {label} from the sensor --"))
+                results[name].setdefault("by_range", {})[label] = r.to_dict()
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2, allow_nan=True))
         return 0
@@ -445,7 +494,7 @@ def _main_sim(args: argparse.Namespace) -> int:
         fns["baseline"] = base_fn
     sensors = [s.strip() for s in args.sensors.split(",") if s.strip()]
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
-                                 sim_options=sim_options)
+                                 sim_options=sim_options, ranges=parse_ranges(args.ranges))
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
                            "seed": args.seed, "sensor_height": args.sensor_height, "sim_options": sim_options,
                            "score_threshold": args.score_threshold,
