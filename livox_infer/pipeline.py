@@ -32,6 +32,7 @@ from livox_infer.model.boxes import axis_angle
 from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.model.postprocess import build_inference_model, select_detections
+from livox_infer.model.refine import refine_candidates
 from livox_infer.pointcloud import Cloud, DecodeFilter, decode_pointcloud2, filter_points
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SENSOR_HEIGHT = 1.8
 AUTO_HEIGHT_WINDOW = 15  # frames whose estimates are median-smoothed in "auto" mode
-STAGES = ("decode", "ground", "voxelize", "network", "postprocess", "total")
+STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
 
 
 @dataclass
@@ -131,6 +132,8 @@ class DetectionPipeline:
         it was exported from.
     test_time_flip: run the network on the frame and its mirror image (y -> -y) and average the
         head maps: a little more accurate, ~2x network time (docs/detector.md).
+    refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.model.refine`) when
+        the model has one; False skips it (faster, less accurate). Changes at run time.
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class DetectionPipeline:
         cuda_graphs: bool = True,
         aoti_package: str | Path | None = None,
         test_time_flip: bool = False,
+        refine: bool = True,
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
@@ -161,7 +165,7 @@ class DetectionPipeline:
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
-            max_detections=max_detections,
+            max_detections=max_detections, refine=refine,
         )
 
     # -- construction --------------------------------------------------------------------------
@@ -182,6 +186,7 @@ class DetectionPipeline:
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
         infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
+        self._refiner = infer.net.refiner
         self._eager = infer
         self._runner = infer
         self.compiled = False
@@ -198,6 +203,18 @@ class DetectionPipeline:
             raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")
         self.weights_meta = {k: v for k, v in runner.metadata.items() if k in ("trained", "weights_file", "weights_sha256")}
         self.weights_file = path
+        self._refiner = None
+        if self.cfg.refine:  # stage 2 runs eagerly from the weights file the package was exported from
+            from livox_infer.model.network import build_model
+            from livox_infer.model.weights import load_weights
+
+            source = Path(weights) if weights else self.cfg.weights_path()
+            if file_sha256(source) != runner.metadata.get("weights_sha256"):
+                raise WeightsError(f"{path} was not exported from {source}, which holds this model's stage-2 refiner; "
+                                   "pass weights=<the file it was exported from>")
+            net = build_model(self.cfg)
+            load_weights(net, self.cfg, source)
+            self._refiner = net.refiner.to(self.device).eval()
         self._eager = None
         self._runner = runner
         self.compiled = True
@@ -234,7 +251,7 @@ class DetectionPipeline:
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
-            "min_range", "nms_iou", "max_detections",
+            "min_range", "nms_iou", "max_detections", "refine",
         }
         unknown = sorted(set(params) - all_keys)
         if unknown:
@@ -290,6 +307,10 @@ class DetectionPipeline:
         if isinstance(md, bool) or not isinstance(md, int) or md < 1:
             raise ConfigError(f"max_detections must be a positive integer, got {md!r}")
         new["max_detections"] = md
+        refine = new.get("refine", True)
+        if not isinstance(refine, bool):
+            raise ConfigError(f"refine must be true or false, got {refine!r}")
+        new["refine"] = refine
         self.filters = DecodeFilter.from_roi(
             new.get("roi"), tag_filter=new.get("tag_filter") or "off",
             max_range=new.get("max_range"), min_range=new.get("min_range"),
@@ -359,7 +380,8 @@ class DetectionPipeline:
         rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
         xyz = pts[:, :3] @ rot.T if mount.up != (0.0, 0.0, 1.0) else pts[:, :3]
         xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
-        bev = self.voxelizer(torch.cat([xyz, pts[:, 3:4]], dim=1))
+        levelled = torch.cat([xyz, pts[:, 3:4]], dim=1)
+        bev = self.voxelizer(levelled)
         self._input.copy_(bev[None])
         self._sync()
         t2 = time.perf_counter()
@@ -367,6 +389,11 @@ class DetectionPipeline:
         self._sync()
         t3 = time.perf_counter()
         p = self._params
+        if self._refiner is not None and p["refine"]:
+            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes, levelled,
+                                                      scores, labels, boxes, self.grid.intensity_scale)
+            self._sync()
+        t_refine = time.perf_counter()
         scores, labels, boxes = select_detections(
             scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
             self.cfg.cross_class_iou,
@@ -379,7 +406,7 @@ class DetectionPipeline:
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
         timings = {
             "decode": ms(t0, t1), "ground": ms(t1, t_ground), "voxelize": ms(t_ground, t2), "network": ms(t2, t3),
-            "postprocess": ms(t3, t4), "total": ms(t0, t4),
+            "refine": ms(t3, t_refine), "postprocess": ms(t_refine, t4), "total": ms(t0, t4),
         }
         return Detections(
             boxes=boxes_np, labels=labels_np, scores=scores_np,

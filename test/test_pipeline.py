@@ -16,7 +16,7 @@ from livox_infer.pipeline import DetectionPipeline, Detections
 from livox_infer.pointcloud import Cloud, encode_pointcloud2
 
 torch.set_num_threads(1)
-STAGES = {"decode", "ground", "voxelize", "network", "postprocess", "total"}
+STAGES = {"decode", "ground", "voxelize", "network", "refine", "postprocess", "total"}
 
 
 @pytest.fixture(scope="module")

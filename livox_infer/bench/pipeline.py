@@ -19,7 +19,7 @@ import torch
 
 from livox_infer.errors import LivoxInferError
 
-STAGES = ("decode", "ground", "voxelize", "network", "postprocess", "total")
+STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
+from livox_infer.model.refine import RefineConfig, parse_refine
 from livox_infer.voxelize.grid import GridConfig
 
 
@@ -81,6 +82,7 @@ class ModelConfig:
     # IoU-aware score (needs iou_head): score = heat^(1 - a) * predicted_iou^a per class, so among the
     # found objects the well-localised boxes rank first (AP at strict IoU rewards that ordering)
     iou_score_alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
+    refine: RefineConfig | None = None  # stage 2: point-based refinement of the best candidates (refine.py)
     weights: str = ""
     source: str = ""  # the file it was loaded from (not part of the architecture)
     extra: dict = field(default_factory=dict)
@@ -116,6 +118,7 @@ class ModelConfig:
             **({"residual_blocks": list(self.residual_blocks)} if any(self.residual_blocks) else {}),
             **({"head_residual_blocks": self.head_residual_blocks} if self.head_residual_blocks else {}),
             **({"iou_head": True} if self.iou_head else {}),
+            **({"refine": self.refine.architecture()} if self.refine else {}),
         }
 
     def architecture_hash(self) -> str:
@@ -130,7 +133,7 @@ class ModelConfig:
         d = dict(data)
         known = {
             "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
-            "description",
+            "description", "refine",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -217,6 +220,7 @@ class ModelConfig:
             max_detections=max_det,
             cross_class_iou=None if cross is None else float(cross),
             iou_score_alpha=iou_alpha,
+            refine=parse_refine(d.get("refine"), classes, source, _per_class, _positive_ints),
             weights=str(d.get("weights", "")),
             source=source,
         )
@@ -281,5 +285,8 @@ class ModelConfig:
             **({"iou_score_alpha": by(self.iou_score_alpha)} if self.iou_head else {}),
             "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections,
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
+            **({"refine": {"rois": self.refine.rois, "points": self.refine.points, "margin": self.refine.margin,
+                           "point_channels": list(self.refine.point_channels), "hidden": list(self.refine.hidden),
+                           "score_alpha": by(self.refine.score_alpha)}} if self.refine else {}),
             "weights": self.weights,
         }

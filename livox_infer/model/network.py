@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from livox_infer.model.config import ModelConfig
+from livox_infer.model.refine import RoiRefiner
 
 HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "yaw": 2}  # the box regression, in this order
 
@@ -84,6 +85,9 @@ class BevDetector(nn.Module):
             conv_bn(cfg.head_channels, cfg.head_channels),
             nn.Conv2d(cfg.head_channels, sum(n for _, n in self.outputs), 1),
         )
+        # stage 2 lives here so that its weights travel in the same file; forward() does not run it (it needs
+        # the points: model/refine.py, run by the pipeline after the network)
+        self.refiner = RoiRefiner(cfg.refine, cfg.num_classes) if cfg.refine else None
         nn.init.constant_(self.heatmap.bias, HEATMAP_PRIOR_BIAS)
         nn.init.normal_(self.regression[-1].weight, std=0.001)
         nn.init.zeros_(self.regression[-1].bias)

@@ -38,6 +38,7 @@ from livox_infer.model.losses import detection_loss
 from livox_infer.model.network import build_model
 from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.postprocess import select_detections, topk_decode
+from livox_infer.model.refine import match_candidates, refine_candidates, refine_loss, roi_context, roi_point_features
 from livox_infer.model.targets import build_targets
 from livox_infer.model.weights import save_weights
 from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
@@ -211,7 +212,7 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
 
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
             paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0):
-    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points).
+    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
     if rng is None:
@@ -226,16 +227,19 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
     visible = npts >= TRAIN_MIN_POINTS
     t = build_targets(boxes[visible], labels[visible], cfg, neighbour_weight)
-    return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts
+    return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts, levelled
 
 
 class BatchStream(torch.utils.data.IterableDataset):
-    """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step)."""
+    """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step).
+
+    Yields (step, bev (B,C,H,W), stacked targets, scene), scene = None, or with ``with_scene`` one
+    (levelled points (N,4), levelled GT boxes (M,7), GT labels (M,)) tuple per frame (stage-2 training)."""
 
     def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
-                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0):
+                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
-        self.paste_db, self.neighbour_weight = paste_db, neighbour_weight
+        self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
 
     def __iter__(self):
         torch.set_num_threads(1)
@@ -243,12 +247,17 @@ class BatchStream(torch.utils.data.IterableDataset):
         for step in range(self.start, self.total):
             rng = np.random.default_rng([self.seed, step])
             idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
-            bevs, tgts = [], []
+            bevs, tgts, scene = [], [], []
             for i in idx:
-                bev, t, *_ = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db, self.neighbour_weight)
+                bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
+                                                           self.neighbour_weight)
                 bevs.append(bev)
                 tgts.append(t)
-            yield step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]}
+                if self.with_scene:
+                    scene.append((torch.from_numpy(points), torch.from_numpy(np.asarray(boxes, np.float32)),
+                                  torch.from_numpy(np.asarray(labels, np.int64))))
+            yield (step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]},
+                   scene if self.with_scene else None)
 
 
 # --------------------------------------------------------------------------- validation
@@ -256,17 +265,21 @@ class BatchStream(torch.utils.data.IterableDataset):
 
 @torch.no_grad()
 def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], device: torch.device,
-                   score_floor: float = 0.05):
-    """Detections (ground-relative frame) and GT for validation, with low thresholds for a full PR curve."""
+                   score_floor: float = 0.05, refine: bool = False):
+    """Detections (ground-relative frame) and GT for validation, with low thresholds for a full PR curve;
+    ``refine``: through the network's stage-2 refiner too, as the pipeline runs it."""
     consts = ReferenceConstants(cfg.grid)
     was_training = net.training
     net.eval()
     dets, gts = [], []
     for f in frames:
-        bev, _, boxes, labels, npts = prepare(f, None, cfg, consts)
+        bev, _, boxes, labels, npts, points = prepare(f, None, cfg, consts)
         heads = net(bev[None].to(device))
-        s, l, b = topk_decode(heads, cfg)
-        s, l, b = select_detections(s[0].cpu(), l[0].cpu(), b[0].cpu(), [score_floor] * cfg.num_classes,
+        s, l, b = (t[0] for t in topk_decode(heads, cfg))
+        if refine:
+            s, l, b = refine_candidates(net.refiner, cfg.refine, cfg.num_classes, torch.from_numpy(points).to(device),
+                                        s, l, b, cfg.grid.intensity_scale)
+        s, l, b = select_detections(s.cpu(), l.cpu(), b.cpu(), [score_floor] * cfg.num_classes,
                                     cfg.nms_iou, cfg.max_detections, cfg.cross_class_iou)
         dets.append(FrameBoxes(b.numpy(), l.numpy(), s.numpy()))
         gts.append(FrameBoxes(boxes, labels, None, npts))
@@ -274,8 +287,8 @@ def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], 
     return dets, gts
 
 
-def validate(net, cfg, frames, device) -> dict[str, Any]:
-    dets, gts = predict_frames(net, cfg, frames, device)
+def validate(net, cfg, frames, device, refine: bool = False) -> dict[str, Any]:
+    dets, gts = predict_frames(net, cfg, frames, device, refine=refine)
     region = cfg.grid.region
     res = evaluate(dets, gts, cfg.classes, VAL_MIN_POINTS, region, metrics=("bev",))
     return {"ap": res.ap, "num_gt": res.num_gt}
@@ -334,6 +347,7 @@ def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+STAGES = ("detector", "refine")
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -362,6 +376,29 @@ def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch
         heads = net(bev)
     heads = {k: v.float() for k, v in heads.items()}
     return detection_loss(heads, targets, corner_weight=corner_weight, cell_size=cfg.head_cell_size)
+
+
+def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
+                      amp_dtype: torch.dtype | None = None):
+    """Stage-2 training loss of a batch: the frozen detector (eval mode, no gradients) proposes its first
+    ``refine.rois`` candidates per frame, the refiner (training mode) scores and refines them against the
+    frame's ground truth (`refine.refine_loss`)."""
+    rc = cfg.refine
+    with torch.no_grad():
+        bev = bev.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            heads = net(bev)
+        scores, labels, boxes = topk_decode({k: v.float() for k, v in heads.items()}, cfg, max(cfg.top_k, rc.rois))
+    parts = {name: [] for name in ("feats", "valid", "context", "iou", "matched", "labels", "boxes")}
+    for b, (points, gt_boxes, gt_labels) in enumerate(scene):
+        sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
+        feats, valid = roi_point_features(points.to(bev.device), bx, rc.points, rc.margin, cfg.grid.intensity_scale)
+        iou, matched = match_candidates(bx, lab, gt_boxes.to(bev.device), gt_labels.to(bev.device))
+        for name, t in zip(parts, (feats, valid, roi_context(sc, lab, bx, cfg.num_classes), iou, matched, lab, bx)):
+            parts[name].append(t)
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
+    return refine_loss(iou_logit, residual, cat["boxes"], cat["labels"], cat["iou"], cat["matched"], cfg.classes)
 
 
 def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
@@ -396,6 +433,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
     p.add_argument("--init", default=None, help="start from these weights instead of random (same config, or "
                                                 "the same network without the IoU head)")
+    p.add_argument("--stage", default="detector", choices=STAGES,
+                   help="detector: train the BEV network; refine: train only the stage-2 refiner of a config with "
+                        "a refine section, on the candidates of the trained detector given by --init (frozen)")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -444,7 +484,16 @@ def _train(args: argparse.Namespace) -> int:
     amp_dtype = resolve_precision(args.precision, device)
     # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
     net = build_model(cfg).to(device).to(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    refining = args.stage == "refine"
+    if refining:
+        if cfg.refine is None:
+            raise ConfigError(f"--stage refine needs a model config with a refine section ({cfg.source or cfg.name} has none)")
+        if not args.init and not (args.resume and (work / "checkpoint.safetensors").is_file()):
+            raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
+        net.requires_grad_(False)
+        net.refiner.requires_grad_(True)
+    trained = net.refiner if refining else net
+    opt = torch.optim.AdamW(trained.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
     if args.init:
@@ -467,7 +516,8 @@ def _train(args: argparse.Namespace) -> int:
                                   seed=args.seed)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
-    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight)
+    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight,
+                         with_scene=refining)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4 if args.workers else None)
     history = []
@@ -475,12 +525,18 @@ def _train(args: argparse.Namespace) -> int:
     budget_s = args.time_budget * 60 if args.time_budget else None
     if start and budget_s:  # a resumed budgeted run continues its progress where it stopped
         budget_s = max(60.0, budget_s * (1 - start / args.steps))
-    net.train()
-    bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}", unit="step")
+    if refining and start == 0:
+        v = validate(net, cfg, val_frames, device)
+        log.info("detector alone (no refiner): val score %.3f, BEV AP %s", val_score(v),
+                 {c: {k: round(x, 3) for k, x in a.items()} for c, a in v["ap"].items()})
+    net.train(not refining)  # stage 2 keeps the detector in eval mode (BatchNorm statistics frozen)
+    if refining:
+        net.refiner.train()
+    bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
     ema = None
     step = start
     progress = start / args.steps
-    for step, bev, tgt in bar:
+    for step, bev, tgt, scene in bar:
         progress = step / args.steps
         if budget_s:
             progress = max(progress, (time.time() - t_loop) / budget_s)
@@ -488,26 +544,29 @@ def _train(args: argparse.Namespace) -> int:
             grp["lr"] = lr_at(progress, args.lr)
         bev = bev.to(device, non_blocking=True)
         tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
-        loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, args.corner_weight)
+        if refining:
+            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype)
+        else:
+            loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, args.corner_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
+        torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
         opt.step()
         ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
-        bar.set_postfix(hm=f"{ema['heatmap']:.3f}", reg=f"{ema['regression']:.3f}",
-                        **({"iou": f"{ema['iou']:.3f}"} if "iou" in ema else {}),
-                        **({"corners": f"{ema['corners']:.3f}"} if "corners" in ema else {}),
-                        lr=f"{opt.param_groups[0]['lr']:.1e}")
+        bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1
         out_of_time = progress >= 1.0
         if done % args.val_every == 0 or done == args.steps or out_of_time:
-            v = validate(net, cfg, val_frames, device)
+            v = validate(net, cfg, val_frames, device, refine=refining)
+            if refining:
+                net.train(False)
+                net.refiner.train()
             score = val_score(v)
             ap = v["ap"]
             log.info(
-                "step %d loss hm %.3f reg %.3f | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
-                done, ema["heatmap"], ema["regression"], ap["car"]["bev@0.7"], ap["pedestrian"]["bev@0.5"],
-                ap["cyclist"]["bev@0.5"], v["num_gt"], score,
+                "step %d loss %s | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
+                done, " ".join(f"{k} {x:.3f}" for k, x in ema.items()), ap["car"]["bev@0.7"],
+                ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
             )
             history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
             if score > best:

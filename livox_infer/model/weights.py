@@ -115,12 +115,12 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
     return meta
 
 
-GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks")
+GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine")
 
 
 def _core_architecture(arch: dict) -> dict:
-    """An architecture dict without what a warm start may add: the IoU head, residual blocks and the
-    sub-cell x/y input channels."""
+    """An architecture dict without what a warm start may add: the IoU head, residual blocks, the stage-2
+    refiner and the sub-cell x/y input channels."""
     core = {k: v for k, v in arch.items() if k not in GROWABLE_KEYS}
     core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k != "xy_offsets"}
     return core
@@ -128,13 +128,15 @@ def _core_architecture(arch: dict) -> dict:
 
 def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> list[str]:
     """Initialise ``model`` from weights of the same network, or of one with fewer residual blocks,
-    without the IoU head and/or without the sub-cell x/y input channels (weights trained before these).
+    without the IoU head, without the stage-2 refiner and/or without the sub-cell x/y input channels
+    (weights trained before these).
 
     New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
     convolution get zero weights and new residual blocks start as the identity, so the warm-started
     network computes exactly what the old one did until training teaches it to use them. Returns the
     names of the tensors that were grown or added; any other difference raises `WeightsError`."""
     from livox_infer.model.network import ResidualBlock
+    from livox_infer.model.refine import RoiRefiner
     from livox_infer.voxelize.grid import GridConfig
 
     path = Path(path)
@@ -154,14 +156,14 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
     state = _read_state(path, map_location)
     own = model.state_dict()
-    new_blocks = tuple(name + "." for name, m in model.named_modules() if isinstance(m, ResidualBlock))
+    new_blocks = tuple(name + "." for name, m in model.named_modules() if isinstance(m, (ResidualBlock, RoiRefiner)))
     missing = sorted(k for k in set(own) - set(state) if not k.startswith(new_blocks))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{missing[:5]}, unexpected {unexpected[:5]}")
     _check_finite(state, path)
-    added = sorted(set(own) - set(state))  # residual blocks the file lacks: they keep their identity init
+    added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
     state.update({k: own[k] for k in added})
     grown = list(added)
     for k, v in state.items():

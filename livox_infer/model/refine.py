@@ -1,0 +1,223 @@
+"""Stage 2: refine the detector's best candidates with the raw points inside them (PointNet on each RoI).
+
+The BEV network sees the cloud through 0.4 m cells (lite); what tells a pedestrian from a bin or a
+post, or where exactly a car ends, is finer than that. For each of the ``rois`` highest-heat
+candidates of `topk_decode` the refiner takes up to ``points`` lidar points inside the candidate box
+enlarged by ``margin`` (metres, every side, also above and below), in the box's own frame, runs a
+small shared MLP over them, max-pools, adds what stage 1 knew (class, score, size, where the sensor
+is), and predicts
+
+- the BEV IoU of the candidate with its object of the same class (a logit; 0 for background), which
+  re-scores the candidate: score = stage-1 score^(1 - a) * IoU^a, ``a`` = ``score_alpha`` per class;
+- a box residual (centre shift in box lengths/widths/heights, log size ratios, yaw change), applied
+  to the candidate.
+
+Candidates below the first ``rois`` are dropped. Shapes are fixed per RoI (``points`` samples,
+padded, with a validity mask); the number of points in the cloud is not, so this stage runs eagerly
+after the compiled network (a few ms on one CPU thread). Sampling is deterministic: among a box's
+points the ones with the largest golden-ratio hash of their index are taken, so the same cloud
+always gives the same result. Trained with the detector frozen: `livox-infer train --stage refine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from livox_infer.model.boxes import axis_angle, bev_iou
+
+POINT_FEATURES = 7  # u, v, w normalised to the enlarged box, u, v, w in metres, intensity / full scale
+LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement step changes a size by <= e
+# a candidate is a positive for the box regression when it overlaps its object by this BEV IoU (per class
+# name; others 0.3): cars need an overlap that refining can finish, small objects overlap less at all
+REGRESSION_MIN_IOU = {"car": 0.5}
+DEFAULT_REGRESSION_MIN_IOU = 0.3
+_GOLDEN = 0.6180339887498949
+
+
+@dataclass(frozen=True)
+class RefineConfig:
+    rois: int = 32  # candidates refined per frame (the rest are dropped); run time
+    points: int = 64  # points sampled per candidate
+    margin: float = 0.5  # metres added to every side of the candidate box
+    point_channels: tuple[int, ...] = (32, 64, 128)
+    hidden: tuple[int, ...] = (128, 64)
+    score_alpha: tuple[float, ...] = (0.75, 0.75, 0.75)  # per class; run time
+
+    def architecture(self) -> dict:
+        """What the refiner's weights depend on (``rois`` and ``score_alpha`` do not)."""
+        return {"points": self.points, "margin": self.margin, "point_channels": list(self.point_channels),
+                "hidden": list(self.hidden)}
+
+
+def context_size(num_classes: int) -> int:
+    return num_classes + 1 + 3 + 3  # class one-hot, stage-1 score, log size, range / 50 and the sensor's direction
+
+
+def _box_frame(points: torch.Tensor, boxes: torch.Tensor):
+    """Coordinates (u along the box axis, v across, w up) of every point relative to every box: (R, N) each."""
+    c, s = torch.cos(boxes[:, 6:7]), torch.sin(boxes[:, 6:7])
+    dx = points[None, :, 0] - boxes[:, 0:1]
+    dy = points[None, :, 1] - boxes[:, 1:2]
+    return c * dx + s * dy, -s * dx + c * dy, points[None, :, 2] - boxes[:, 2:3]
+
+
+def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
+                       intensity_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
+    validity mask (R, S): up to S = ``n_samples`` points inside each box enlarged by ``margin``, invalid
+    slots zero."""
+    r, n = boxes.shape[0], points.shape[0]
+    feats = points.new_zeros((r, n_samples, POINT_FEATURES))
+    valid = torch.zeros((r, n_samples), dtype=torch.bool, device=points.device)
+    if r == 0 or n == 0:
+        return feats, valid
+    u, v, w = _box_frame(points, boxes)
+    half = boxes[:, 3:6] / 2 + margin  # (R, 3)
+    inside = (u.abs() <= half[:, 0:1]) & (v.abs() <= half[:, 1:2]) & (w.abs() <= half[:, 2:3])
+    key = torch.frac(torch.arange(n, device=points.device, dtype=torch.float64) * _GOLDEN).to(points.dtype)
+    k = min(n_samples, n)
+    top, idx = torch.where(inside, key[None, :], torch.full_like(u, -1.0)).topk(k, dim=1)
+    ok = top >= 0
+    pick = lambda t: t.gather(1, idx)  # noqa: E731
+    pu, pv, pw = pick(u), pick(v), pick(w)
+    f = torch.stack([pu / half[:, 0:1], pv / half[:, 1:2], pw / half[:, 2:3], pu, pv, pw,
+                     points[:, 3][idx] / intensity_scale], dim=-1)
+    feats[:, :k] = f * ok[..., None]
+    valid[:, :k] = ok
+    return feats, valid
+
+
+def roi_context(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(R, context_size) what stage 1 says about each candidate, and where the sensor (levelled frame:
+    above the origin) is seen from it: the faces that can have points are the ones facing it."""
+    rng = torch.hypot(boxes[:, 0], boxes[:, 1]).clamp_min(1e-3)
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    to_sensor_u = (-c * boxes[:, 0] - s * boxes[:, 1]) / rng
+    to_sensor_v = (s * boxes[:, 0] - c * boxes[:, 1]) / rng
+    return torch.cat([F.one_hot(labels, num_classes).to(boxes.dtype), scores[:, None].to(boxes.dtype),
+                      torch.log(boxes[:, 3:6].clamp_min(1e-3)), (rng / 50.0)[:, None],
+                      to_sensor_u[:, None], to_sensor_v[:, None]], dim=1)
+
+
+class RoiRefiner(nn.Module):
+    """PointNet over each candidate's points + stage-1 context -> (IoU logit (R,), residual (R, 7))."""
+
+    def __init__(self, cfg: RefineConfig, num_classes: int) -> None:
+        super().__init__()
+        layers, prev = [], POINT_FEATURES
+        for ch in cfg.point_channels:
+            layers += [nn.Conv1d(prev, ch, 1, bias=False), nn.BatchNorm1d(ch), nn.ReLU(inplace=True)]
+            prev = ch
+        self.point_mlp = nn.Sequential(*layers)
+        head, prev = [], prev + context_size(num_classes)
+        for ch in cfg.hidden:
+            head += [nn.Linear(prev, ch), nn.ReLU(inplace=True)]
+            prev = ch
+        self.head = nn.Sequential(*head)
+        self.iou = nn.Linear(prev, 1)
+        self.residual = nn.Linear(prev, 7)
+        nn.init.zeros_(self.residual.weight)  # starts as "keep the candidate box"
+        nn.init.zeros_(self.residual.bias)
+
+    def forward(self, feats: torch.Tensor, valid: torch.Tensor, context: torch.Tensor):
+        h = self.point_mlp(feats.transpose(1, 2))  # (R, C, S)
+        h = h.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=-1)
+        h = torch.where(valid.any(dim=1, keepdim=True), h, torch.zeros_like(h))  # a box without points: zeros
+        z = self.head(torch.cat([h, context], dim=1))
+        return self.iou(z)[:, 0], self.residual(z)
+
+
+def apply_residuals(boxes: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """Candidate boxes (R, 7) moved by residuals (R, 7) [du/l, dv/w, dz/h, log l'/l, log w'/w, log h'/h, dyaw]."""
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    du, dv = residual[:, 0] * boxes[:, 3], residual[:, 1] * boxes[:, 4]
+    size = boxes[:, 3:6] * torch.exp(residual[:, 3:6].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return torch.stack([boxes[:, 0] + c * du - s * dv, boxes[:, 1] + s * du + c * dv,
+                        boxes[:, 2] + residual[:, 2] * boxes[:, 5], size[:, 0], size[:, 1], size[:, 2],
+                        boxes[:, 6] + residual[:, 6]], dim=1)
+
+
+def encode_residuals(boxes: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The residuals that take ``boxes`` (R, 7) to ``target`` (R, 7) (yaw as an axis: the change is in
+    [-pi/2, pi/2)); `apply_residuals` inverts it."""
+    c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
+    dx, dy = target[:, 0] - boxes[:, 0], target[:, 1] - boxes[:, 1]
+    return torch.stack([(c * dx + s * dy) / boxes[:, 3], (-s * dx + c * dy) / boxes[:, 4],
+                        (target[:, 2] - boxes[:, 2]) / boxes[:, 5],
+                        torch.log(target[:, 3] / boxes[:, 3]), torch.log(target[:, 4] / boxes[:, 4]),
+                        torch.log(target[:, 5] / boxes[:, 5]), axis_angle(target[:, 6] - boxes[:, 6])], dim=1)
+
+
+def match_candidates(boxes: torch.Tensor, labels: torch.Tensor, gt_boxes: torch.Tensor, gt_labels: torch.Tensor):
+    """For each candidate the same-class GT box of highest BEV IoU: (IoU (R,), that box (R, 7)); IoU 0 and
+    the candidate itself where no GT box of its class overlaps it."""
+    iou = boxes.new_zeros(boxes.shape[0])
+    matched = boxes.clone()
+    if boxes.shape[0] and gt_boxes.shape[0]:
+        pair = bev_iou(boxes.double(), gt_boxes.double()).to(boxes.dtype)
+        pair = pair * (labels[:, None] == gt_labels[None, :]).to(pair.dtype)
+        best, j = pair.max(dim=1)
+        hit = best > 0
+        iou = torch.where(hit, best, iou)
+        matched[hit] = gt_boxes[j[hit]].to(boxes.dtype)
+    return iou, matched
+
+
+def refine_loss(iou_logit: torch.Tensor, residual: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
+                match_iou: torch.Tensor, matched: torch.Tensor, classes: tuple[str, ...]):
+    """Binary cross-entropy of the IoU logit against each candidate's IoU with its object (0 for
+    background), plus smooth-L1 of the residual on the positives (`REGRESSION_MIN_IOU`). Returns the
+    total and its parts as floats."""
+    bce = F.binary_cross_entropy_with_logits(iou_logit, match_iou.clamp(0, 1))
+    thr = boxes.new_tensor([REGRESSION_MIN_IOU.get(c, DEFAULT_REGRESSION_MIN_IOU) for c in classes])[labels]
+    pos = match_iou >= thr
+    if pos.any():
+        target = encode_residuals(boxes[pos], matched[pos])
+        reg = F.smooth_l1_loss(residual[pos], target, beta=0.1, reduction="none").sum(dim=1).mean()
+    else:
+        reg = residual.sum() * 0.0
+    total = bce + reg
+    return total, {"refine_iou": float(bce.detach()), "refine_box": float(reg.detach())}
+
+
+@torch.no_grad()
+def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, points: torch.Tensor,
+                      scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, intensity_scale: float,
+                      rois: int | None = None):
+    """Stage 2 on one frame: the first ``rois`` candidates of `topk_decode` (highest heat first) -> their
+    re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame."""
+    r = min(rois or cfg.rois, scores.shape[0])
+    scores, labels, boxes = scores[:r].float(), labels[:r], boxes[:r].float()
+    feats, valid = roi_point_features(points.float(), boxes, cfg.points, cfg.margin, intensity_scale)
+    iou_logit, residual = refiner(feats, valid, roi_context(scores, labels, boxes, num_classes))
+    alpha = scores.new_tensor(cfg.score_alpha)[labels]
+    new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
+    return new_scores, labels, apply_residuals(boxes, residual)
+
+
+def parse_refine(section, classes: tuple[str, ...], source: str, per_class, positive_ints) -> RefineConfig | None:
+    """The model YAML's ``refine`` section (absent or null: no stage 2)."""
+    from livox_infer.errors import ConfigError
+
+    if section is None:
+        return None
+    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha"}
+    if not isinstance(section, dict) or set(section) - allowed:
+        raise ConfigError(f"model config {source}: bad refine section {section!r}; allowed keys {sorted(allowed)}")
+    d = RefineConfig()
+    (rois,) = positive_ints([section.get("rois", d.rois)], "refine.rois")
+    (points,) = positive_ints([section.get("points", d.points)], "refine.points")
+    margin = section.get("margin", d.margin)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0.0 <= margin <= 5.0):
+        raise ConfigError(f"refine.margin must be metres in [0, 5], got {margin!r}")
+    return RefineConfig(
+        rois=rois, points=points, margin=float(margin),
+        point_channels=positive_ints(section.get("point_channels", d.point_channels), "refine.point_channels"),
+        hidden=positive_ints(section.get("hidden", d.hidden), "refine.hidden"),
+        score_alpha=per_class(section.get("score_alpha", 0.75), classes, "refine.score_alpha", 0.0, 1.0),
+    )
+

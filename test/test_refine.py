@@ -1,0 +1,267 @@
+"""Stage 2 (model/refine.py): RoI point gathering against a per-box loop, residual encoding, matching, the
+loss, re-scoring, the config section, weights (warm start adds a fresh refiner, the detector stays exact)
+and `livox-infer train --stage refine` (trains only the refiner: the detector's tensors stay bit-identical)."""
+
+import argparse
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+from conftest import tiny_model_dict
+from livox_infer.errors import ConfigError, WeightsError
+from livox_infer.model import ModelConfig, build_model, load_weights, save_weights
+from livox_infer.model import train as train_mod
+from livox_infer.model.boxes import axis_angle, paired_bev_iou
+from livox_infer.model.refine import (
+    POINT_FEATURES, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size, encode_residuals,
+    match_candidates, refine_candidates, refine_loss, roi_context, roi_point_features,
+)
+from livox_infer.model.weights import warm_start
+
+torch.set_num_threads(1)
+
+
+def _cfg_dict(refine=None):
+    d = tiny_model_dict()
+    d.pop("refine", None)
+    if refine is not None:
+        d["refine"] = refine
+    return d
+
+
+def _points(n=3000, seed=0):
+    r = np.random.default_rng(seed)
+    return torch.from_numpy(np.c_[r.uniform(0, 25, n), r.uniform(-12, 12, n), r.uniform(-0.2, 2.5, n),
+                                  r.uniform(0, 255, n)].astype(np.float32))
+
+
+BOXES = torch.tensor([[10.0, 2.0, 0.8, 4.2, 1.8, 1.5, 0.4],
+                      [15.0, -5.0, 0.9, 0.6, 0.7, 1.7, -1.2],
+                      [40.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0]])  # the last one outside the cloud: no points
+
+
+def _reference_features(points, boxes, n_samples, margin, scale):
+    """One box at a time, in plain Python: the points inside the enlarged box, largest hash first."""
+    feats = torch.zeros(boxes.shape[0], n_samples, POINT_FEATURES)
+    valid = torch.zeros(boxes.shape[0], n_samples, dtype=torch.bool)
+    key = [math.modf(i * _GOLDEN)[0] for i in range(points.shape[0])]
+    for r, (x, y, z, l, w, h, yaw) in enumerate(boxes.tolist()):
+        c, s = math.cos(yaw), math.sin(yaw)
+        hl, hw, hh = l / 2 + margin, w / 2 + margin, h / 2 + margin
+        inside = []
+        for i, (px, py, pz, pi) in enumerate(points.tolist()):
+            u, v, q = c * (px - x) + s * (py - y), -s * (px - x) + c * (py - y), pz - z
+            if abs(u) <= hl and abs(v) <= hw and abs(q) <= hh:
+                inside.append((key[i], [u / hl, v / hw, q / hh, u, v, q, pi / scale]))
+        for j, (_, f) in enumerate(sorted(inside, key=lambda t: -t[0])[:n_samples]):
+            feats[r, j] = torch.tensor(f)
+            valid[r, j] = True
+    return feats, valid
+
+
+def test_roi_point_features_match_a_per_box_loop():
+    pts = _points()
+    feats, valid = roi_point_features(pts, BOXES, 16, 0.5, 255.0)
+    ref_f, ref_v = _reference_features(pts, BOXES, 16, 0.5, 255.0)
+    assert feats.shape == (3, 16, POINT_FEATURES) and torch.equal(valid, ref_v)
+    assert torch.allclose(feats, ref_f, atol=1e-4)
+    assert valid[0].all() and 0 < valid[1].sum() < 16 and not valid[2].any()  # full, padded, empty
+    assert (feats[~valid] == 0).all() and (feats[valid][:, :3].abs() <= 1 + 1e-6).all()
+    # deterministic, and independent of the other boxes
+    again, _ = roi_point_features(pts, BOXES[1:2], 16, 0.5, 255.0)
+    assert torch.equal(again[0], feats[1])
+
+
+def test_roi_point_features_edge_cases():
+    f, v = roi_point_features(torch.zeros(0, 4), BOXES, 8, 0.5, 255.0)
+    assert f.shape == (3, 8, POINT_FEATURES) and not v.any()
+    f, v = roi_point_features(_points(5), BOXES[:0], 8, 0.5, 255.0)
+    assert f.shape == (0, 8, POINT_FEATURES)
+    few = torch.tensor([[10.0, 2.0, 0.8, 50.0], [10.5, 2.2, 1.0, 100.0]])  # fewer points than samples
+    f, v = roi_point_features(few, BOXES[:1], 8, 0.5, 100.0)
+    assert v[0].sum() == 2 and set(f[0, v[0], 6].tolist()) == {0.5, 1.0}
+
+
+def test_residuals_round_trip():
+    g = torch.Generator().manual_seed(0)
+    boxes = torch.cat([torch.rand(50, 2, generator=g) * 40, torch.rand(50, 1, generator=g),
+                       0.5 + 4 * torch.rand(50, 3, generator=g), (torch.rand(50, 1, generator=g) - 0.5) * 3], 1)
+    target = boxes + torch.cat([torch.randn(50, 3, generator=g) * 0.3, torch.zeros(50, 3),
+                                torch.randn(50, 1, generator=g) * 0.3], 1)
+    target[:, 3:6] *= torch.exp(torch.randn(50, 3, generator=g) * 0.2)
+    back = apply_residuals(boxes, encode_residuals(boxes, target))
+    assert torch.allclose(back[:, :6], target[:, :6], atol=1e-4)
+    assert torch.allclose(axis_angle(back[:, 6] - target[:, 6]), torch.zeros(50), atol=1e-5)
+    assert torch.equal(apply_residuals(boxes, torch.zeros(50, 7)), boxes)
+    # the same box turned by pi needs no change
+    turned = boxes.clone()
+    turned[:, 6] += math.pi
+    assert encode_residuals(boxes, turned).abs().max() < 1e-4
+
+
+def test_match_candidates_is_class_aware():
+    gt = torch.tensor([[10.1, 2.0, 0.8, 4.2, 1.8, 1.5, 0.4], [15.0, -5.0, 0.9, 0.6, 0.7, 1.7, -1.2]])
+    iou, matched = match_candidates(BOXES, torch.tensor([0, 2, 0]), gt, torch.tensor([0, 1]))
+    assert 0.9 < iou[0] < 1 and torch.equal(matched[0], gt[0])
+    assert iou[1] == 0 and torch.equal(matched[1], BOXES[1])  # a cyclist candidate on a pedestrian: background
+    assert iou[2] == 0
+    iou, matched = match_candidates(BOXES, torch.tensor([0, 1, 0]), gt[:0], torch.tensor([], dtype=torch.long))
+    assert (iou == 0).all() and torch.equal(matched, BOXES)
+
+
+def test_refiner_starts_as_the_identity_and_learns():
+    cfg = RefineConfig(points=16, point_channels=(16, 32), hidden=(32,))
+    torch.manual_seed(0)
+    net = RoiRefiner(cfg, 3)
+    pts = _points()
+    labels = torch.tensor([0, 1, 0])
+    scores = torch.tensor([0.9, 0.6, 0.3])
+    feats, valid = roi_point_features(pts, BOXES, 16, 0.5, 255.0)
+    ctx = roi_context(scores, labels, BOXES, 3)
+    assert ctx.shape == (3, context_size(3)) and torch.isfinite(ctx).all()
+    logit, residual = net(feats, valid, ctx)
+    assert logit.shape == (3,) and residual.shape == (3, 7) and (residual == 0).all()  # zero-initialised
+    assert torch.isfinite(logit).all()  # also for the box without points
+    # fit: the car candidate is 0.3 m off its object, the other two are background
+    gt = torch.tensor([[10.3, 2.0, 0.8, 4.4, 1.8, 1.5, 0.45]])
+    match_iou, matched = match_candidates(BOXES, labels, gt, torch.tensor([0]))
+    assert match_iou[0] > 0.5 and (match_iou[1:] == 0).all()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    first = None
+    for _ in range(150):
+        loss, parts = refine_loss(*net(feats, valid, ctx), BOXES, labels, match_iou, matched, ("car", "pedestrian", "cyclist"))
+        first = first if first is not None else parts
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert parts["refine_box"] < 0.2 * first["refine_box"] and parts["refine_iou"] < first["refine_iou"]
+    net.eval()
+    logit, residual = net(feats, valid, ctx)
+    refined = apply_residuals(BOXES[:1], residual[:1])
+    assert paired_bev_iou(refined, gt) > paired_bev_iou(BOXES[:1], gt) + 0.1
+    assert torch.sigmoid(logit[1]) < 0.2
+
+
+def test_refine_candidates_rescoring():
+    cfg0 = RefineConfig(rois=2, points=16, point_channels=(8,), hidden=(8,), score_alpha=(0.0, 0.0, 0.0))
+    net = RoiRefiner(cfg0, 3).eval()
+    scores, labels = torch.tensor([0.9, 0.6, 0.3]), torch.tensor([0, 1, 0])
+    s, l, b = refine_candidates(net, cfg0, 3, _points(), scores, labels, BOXES, 255.0)
+    assert torch.allclose(s, scores[:2]) and torch.equal(l, labels[:2]) and torch.equal(b, BOXES[:2])  # rois=2
+    cfg1 = RefineConfig(rois=8, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 0.5, 1.0))
+    s, _, _ = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0)
+    feats, valid = roi_point_features(_points(), BOXES, 16, 0.5, 255.0)
+    p = torch.sigmoid(net(feats, valid, roi_context(scores, labels, BOXES, 3))[0])
+    assert torch.allclose(s, torch.stack([p[0], scores[1].sqrt() * p[1].sqrt(), p[2]]), atol=1e-6)
+
+
+def test_refine_config_section():
+    plain = ModelConfig.from_dict(_cfg_dict(), source="t")
+    assert plain.refine is None and "refine" not in plain.architecture()
+    cfg = ModelConfig.from_dict(_cfg_dict({"rois": 24, "score_alpha": {"car": 0.5, "pedestrian": 1.0, "cyclist": 0.75}}),
+                                source="t")
+    assert cfg.refine.rois == 24 and cfg.refine.score_alpha == (0.5, 1.0, 0.75) and cfg.refine.points == 64
+    assert cfg.architecture()["refine"] == {"points": 64, "margin": 0.5, "point_channels": [32, 64, 128], "hidden": [128, 64]}
+    # run-time knobs do not change the architecture; the sampling does
+    other_rois = ModelConfig.from_dict(_cfg_dict({"rois": 48, "score_alpha": 0.2}), source="t")
+    assert other_rois.architecture_hash() == cfg.architecture_hash() != plain.architecture_hash()
+    assert ModelConfig.from_dict(_cfg_dict({"points": 32}), source="t").architecture_hash() != cfg.architecture_hash()
+    assert ModelConfig.from_dict(cfg.to_dict(), source="t") == cfg
+    for bad, msg in (({"bogus": 1}, "refine"), ({"margin": -1}, "margin"), ({"rois": 0}, "rois"),
+                     ({"score_alpha": 2}, "score_alpha"), ("yes", "refine")):
+        with pytest.raises(ConfigError, match=msg):
+            ModelConfig.from_dict(_cfg_dict(bad), source="t")
+
+
+def test_warm_start_adds_a_fresh_refiner_and_keeps_the_detector(tmp_path):
+    plain = ModelConfig.from_dict(_cfg_dict(), source="t")
+    cfg = ModelConfig.from_dict(_cfg_dict({"points": 16}), source="t")
+    torch.manual_seed(0)
+    det = build_model(plain).eval()
+    save_weights(det, plain, tmp_path / "det.safetensors")
+    with pytest.raises(WeightsError, match="refine"):
+        load_weights(build_model(cfg), cfg, tmp_path / "det.safetensors")  # a file without stage 2
+    torch.manual_seed(1)
+    net = build_model(cfg).eval()
+    fresh = {k: v.clone() for k, v in net.refiner.state_dict().items()}
+    grown = warm_start(net, cfg, tmp_path / "det.safetensors")
+    assert grown and all(k.startswith("refiner.") for k in grown)
+    assert all(torch.equal(v, net.refiner.state_dict()[k]) for k, v in fresh.items())
+    x = torch.rand(1, *cfg.grid.shape)
+    with torch.no_grad():
+        a, b = det(x), net(x)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # and back: a file with a refiner does not initialise a network without one
+    save_weights(net, cfg, tmp_path / "both.safetensors")
+    load_weights(build_model(cfg), cfg, tmp_path / "both.safetensors")
+    with pytest.raises(WeightsError):
+        warm_start(build_model(plain), plain, tmp_path / "both.safetensors")
+
+
+# --------------------------------------------------------------------------- livox-infer train --stage refine
+
+
+def _args(root, cfg_path, *extra):
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    return p.parse_args(["--config", str(cfg_path), "--work-dir", str(root / "work"), "--train-frames", "50",
+                         "--val-frames", "10", "--batch", "2", "--threads", "1", "--workers", "0", "--seed", "3",
+                         *extra])
+
+
+@pytest.fixture(scope="module")
+def trained_detector(tmp_path_factory):
+    """A tiny detector trained for 4 steps on one simulated shard, and its config with a refine section."""
+    root = tmp_path_factory.mktemp("refine")
+    plain, with_refine = root / "plain.yaml", root / "refine.yaml"
+    plain.write_text(yaml.safe_dump(_cfg_dict()))
+    with_refine.write_text(yaml.safe_dump(_cfg_dict({"rois": 8, "points": 16, "point_channels": [8, 16], "hidden": [16]})))
+    args = _args(root, plain, "--out", str(root / "det.safetensors"), "--steps", "4", "--val-every", "4")
+    assert train_mod.main(args) == 0
+    return root, plain, with_refine
+
+
+def _tensors(path):
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def test_train_refine_stage_trains_only_the_refiner(trained_detector):
+    root, _, cfg_path = trained_detector
+    out = root / "both.safetensors"
+    args = _args(root, cfg_path, "--stage", "refine", "--init", str(root / "det.safetensors"), "--out", str(out),
+                 "--steps", "6", "--val-every", "3", "--lr", "1e-2")
+    assert train_mod.main(args) == 0
+    det, _ = _tensors(root / "det.safetensors")
+    both, meta = _tensors(out)
+    assert meta["trained"] == "yes" and '"stage": "refine"' in meta["train_args"]
+    assert set(both) - set(det) and all(k.startswith("refiner.") for k in set(both) - set(det))
+    # the detector, BatchNorm statistics included, is exactly the one it started from
+    assert all(torch.equal(det[k], both[k]) for k in det)
+    fresh = build_model(ModelConfig.load(cfg_path)).refiner.state_dict()
+    assert any(not torch.equal(fresh[k[len("refiner."):]], both[k]) for k in both if k.startswith("refiner.")
+               and k.endswith("weight"))
+    # the pipeline runs both stages from that file, or the detector alone
+    from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.sim.simulate import simulate_frame
+
+    pts = simulate_frame("avia", 11).points
+    pipe = DetectionPipeline(cfg_path, weights=out, compile=False, score_thresholds=0.0)
+    with_stage2 = pipe.detect(pts)
+    assert len(with_stage2) <= 8 and with_stage2.timings_ms["refine"] > 0  # rois: 8
+    pipe.update(refine=False)
+    alone = pipe.detect(pts)
+    assert alone.timings_ms["refine"] < 0.1 and len(alone) > len(with_stage2)  # nothing ran: no cap of 8 either
+
+
+@pytest.mark.parametrize("which, message", [("plain", "refine section"), ("refine", "--init")])
+def test_train_refine_stage_errors(trained_detector, which, message, capsys):
+    root, plain, with_refine = trained_detector
+    args = _args(root / which, plain if which == "plain" else with_refine, "--stage", "refine", "--steps", "2",
+                 *(["--init", str(root / "det.safetensors")] if which == "plain" else []))
+    assert train_mod.main(args) == 2
+    assert message in capsys.readouterr().err
