@@ -65,20 +65,49 @@ def _box_frame(points: torch.Tensor, boxes: torch.Tensor):
     return c * dx + s * dy, -s * dx + c * dy, points[None, :, 2] - boxes[:, 2:3]
 
 
+def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell: float = 1.0) -> torch.Tensor:
+    """Indices of the points in any box's enlarged bounding square, via a coarse BEV occupancy map (linear in
+    the number of points; most of a cloud is ground and background far from every candidate)."""
+    reach = torch.hypot(boxes[:, 3] / 2 + margin, boxes[:, 4] / 2 + margin)  # (R,) circumscribed radius
+    lo = torch.stack([(boxes[:, 0] - reach).min(), (boxes[:, 1] - reach).min()])
+    first = torch.floor((boxes[:, :2] - reach[:, None] - lo) / cell).long()  # (R, 2) first cell of each square
+    last = torch.floor((boxes[:, :2] + reach[:, None] - lo) / cell).long()
+    size = last.max(dim=0).values + 1  # (2,) map width (x), height (y)
+    span = int((last - first).max()) + 1
+    offs = torch.arange(span, device=points.device)
+    cx = first[:, 0:1] + offs  # (R, span)
+    cy = first[:, 1:2] + offs
+    ok = (cx <= last[:, 0:1])[:, None, :] & (cy <= last[:, 1:2])[:, :, None]  # (R, span_y, span_x)
+    flat = (cy[:, :, None] * size[0] + cx[:, None, :])[ok]
+    occupied = torch.zeros(int(size[0] * size[1]), dtype=torch.bool, device=points.device)
+    occupied[flat] = True
+    ij = torch.floor((points[:, :2] - lo) / cell).long()
+    inb = (ij >= 0).all(dim=1) & (ij < size).all(dim=1)
+    hit = torch.zeros(points.shape[0], dtype=torch.bool, device=points.device)
+    hit[inb] = occupied[ij[inb, 1] * size[0] + ij[inb, 0]]
+    return hit.nonzero()[:, 0]
+
+
 def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
                        intensity_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
     validity mask (R, S): up to S = ``n_samples`` points inside each box enlarged by ``margin``, invalid
     slots zero."""
-    r, n = boxes.shape[0], points.shape[0]
+    r = boxes.shape[0]
     feats = points.new_zeros((r, n_samples, POINT_FEATURES))
     valid = torch.zeros((r, n_samples), dtype=torch.bool, device=points.device)
-    if r == 0 or n == 0:
+    if r == 0 or points.shape[0] == 0:
+        return feats, valid
+    near = _near_any_box(points, boxes, margin)  # indices into points: exactly the same result, far less work
+    points = points[near]
+    n = points.shape[0]
+    if n == 0:
         return feats, valid
     u, v, w = _box_frame(points, boxes)
     half = boxes[:, 3:6] / 2 + margin  # (R, 3)
     inside = (u.abs() <= half[:, 0:1]) & (v.abs() <= half[:, 1:2]) & (w.abs() <= half[:, 2:3])
-    key = torch.frac(torch.arange(n, device=points.device, dtype=torch.float64) * _GOLDEN).to(points.dtype)
+    # the sampling key belongs to the point's index in the whole cloud, so pre-selecting changes nothing
+    key = torch.frac(near.to(torch.float64) * _GOLDEN).to(points.dtype)
     k = min(n_samples, n)
     top, idx = torch.where(inside, key[None, :], torch.full_like(u, -1.0)).topk(k, dim=1)
     ok = top >= 0
