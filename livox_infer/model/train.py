@@ -492,6 +492,9 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
         net.requires_grad_(False)
         net.refiner.requires_grad_(True)
+    elif cfg.refine is not None:
+        log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
+                    "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
     trained = net.refiner if refining else net
     opt = torch.optim.AdamW(trained.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     ckpt = work / "checkpoint.safetensors"
