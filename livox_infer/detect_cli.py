@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true", help="run the network eagerly")
     p.add_argument("--aoti-package", default=None, help="AOTInductor package from `livox-infer export` (instead of compiling)")
     p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image (~2x network time)")
+    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--sensor-height", default="auto", help="metres from the sensor down to the ground, or 'auto'")
     p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None,
                    help="known mounting tilt (default: estimated from each cloud)")
@@ -131,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
             args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
             sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
             score_thresholds=args.score_threshold, tag_filter=args.tag_filter, aoti_package=args.aoti_package,
-            test_time_flip=args.test_time_flip,
+            test_time_flip=args.test_time_flip, refine=not args.no_refine,
         )
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)

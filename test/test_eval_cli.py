@@ -23,9 +23,19 @@ def test_eval_sim_with_moving_sensor_writes_json(tmp_path, capsys):
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["sim_options"] == {"ego_speed": [10, 10], "yaw_rate_dps": [5, 5]}
-    assert res["score_threshold"] == "0.1"
+    assert res["score_threshold"] == "0.1" and res["refine"] is True
     assert set(res["model lite"]) == {"avia", "all"}
     assert "held-out simulated frames" in capsys.readouterr().out
+
+
+def test_eval_sim_stage_one_alone(tmp_path):
+    """--no-refine evaluates the detector without its stage-2 refiner: other scores, recorded in the JSON."""
+    args = ["eval", "--sim-frames", "1", "--sensors", "avia", "--seed", "2", "--no-compile", "--out"]
+    assert cli_main([*args, str(tmp_path / "both.json")]) == 0
+    assert cli_main([*args, str(tmp_path / "one.json"), "--no-refine"]) == 0
+    both, one = (json.loads((tmp_path / f).read_text()) for f in ("both.json", "one.json"))
+    assert both["refine"] is True and one["refine"] is False
+    assert both["model lite"]["all"]["ap"] != one["model lite"]["all"]["ap"]
 
 
 def test_eval_sim_by_range(tmp_path, capsys):

@@ -156,7 +156,14 @@ def test_refine_candidates_rescoring():
     s, _, _ = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0)
     feats, valid = roi_point_features(_points(), BOXES, 16, 0.5, 255.0)
     p = torch.sigmoid(net(feats, valid, roi_context(scores, labels, BOXES, 3))[0])
-    assert torch.allclose(s, torch.stack([p[0], scores[1].sqrt() * p[1].sqrt(), p[2]]), atol=1e-6)
+    assert valid[:2].any(dim=1).all() and not valid[2].any()  # the third box has no points in reach:
+    # its score may only go down (min of stage 1 and stage 2), and its box stays stage 1's
+    assert torch.allclose(s, torch.stack([p[0], scores[1].sqrt() * p[1].sqrt(), torch.minimum(p[2], scores[2])]),
+                          atol=1e-6)
+    with torch.no_grad():
+        net.residual.bias.fill_(0.1)  # every box moves ... except the one without points
+    _, _, b = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0)
+    assert not torch.allclose(b[:2], BOXES[:2]) and torch.equal(b[2], BOXES[2])
 
 
 def test_refine_config_section():

@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
     p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
+    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -59,7 +60,7 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
     t0 = time.perf_counter()
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
                              sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None,
-                             test_time_flip=args.test_time_flip)
+                             test_time_flip=args.test_time_flip, refine=not args.no_refine)
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)
@@ -97,11 +98,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"pipeline bench: model {pipe.cfg.name} grid {pipe.cfg.grid.shape} on {pipe.device} "
           f"({torch.get_num_threads()} threads), {args.sensor} frames of {n_points} points "
           f"(Livox PointCloud2), sensor_height {args.sensor_height} (true {height:.2f} m), {args.iters} calls")
-    header = f"{'mode':<10}" + "".join(f"{s + ' p50':>14}{'p99':>7}" for s in STAGES) + f"{'setup s':>9}{'boxes':>7}"
+    CELL = max(len(s) for s in STAGES) + 6  # widest "<stage> p50" plus a gap
+    header = f"{'mode':<10}" + "".join(f"{s + ' p50':>{CELL}}{'p99':>7}" for s in STAGES) + f"{'setup s':>9}{'boxes':>7}"
     print(header)
     for mode, (rows, (p, setup_s, boxes)) in results.items():
         label = mode + ("*" if mode == "compiled" and not p.compiled else "")
-        cells = "".join(f"{np.percentile(rows[s], 50):>14.2f}{np.percentile(rows[s], 99):>7.2f}" for s in STAGES)
+        cells = "".join(f"{np.percentile(rows[s], 50):>{CELL}.2f}{np.percentile(rows[s], 99):>7.2f}" for s in STAGES)
         print(f"{label:<10}{cells}{setup_s:>9.1f}{boxes:>7.1f}")
     if any(mode == "compiled" and not p.compiled for mode, (_, (p, _, _)) in results.items()):
         print("* compilation failed; these numbers are eager")

@@ -323,6 +323,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (when detecting)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image")
+    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--baseline", action="store_true", help="also evaluate the non-learned baseline")
     p.add_argument("--min-points", type=int, default=DEFAULT_MIN_POINTS, help="ignore GT with fewer lidar points")
     p.add_argument("--region", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
@@ -411,7 +412,8 @@ def main(args: argparse.Namespace) -> int:
         cfg = ModelConfig.load(args.model)
         region = tuple(args.region) if args.region else cfg.grid.region
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
-                                   "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip}
+                                   "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip,
+                                   "refine": not args.no_refine}
         runs: list[tuple[str, list[FrameBoxes]]] = []
         if args.detections:
             runs.append(("detections", read_jsonl(args.detections)))
@@ -426,7 +428,7 @@ def main(args: argparse.Namespace) -> int:
             pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device,
                                      compile=not args.no_compile, sensor_height=sh,
                                      score_thresholds=_score_thresholds(args.score_threshold),
-                                     test_time_flip=args.test_time_flip)
+                                     test_time_flip=args.test_time_flip, refine=not args.no_refine)
             dets = []
             for stamp, cloud in clouds.items():
                 d = pipe.detect(cloud)
@@ -474,7 +476,7 @@ def _main_sim(args: argparse.Namespace) -> int:
     sim_options = parse_sim_options(args.sim_option)
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
                              sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
-                             test_time_flip=args.test_time_flip)
+                             test_time_flip=args.test_time_flip, refine=not args.no_refine)
 
     def model_fn(points):
         pipe._mount_history.clear()  # independent scenes: no smoothing across frames
@@ -498,7 +500,7 @@ def _main_sim(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
                            "seed": args.seed, "sensor_height": args.sensor_height, "sim_options": sim_options,
                            "score_threshold": args.score_threshold,
-                           "test_time_flip": args.test_time_flip}
+                           "test_time_flip": args.test_time_flip, "refine": not args.no_refine}
     for name, per in res.items():
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))

@@ -197,16 +197,16 @@ def match_candidates(boxes: torch.Tensor, labels: torch.Tensor, gt_boxes: torch.
 
 
 def refine_loss(iou_logit: torch.Tensor, residual: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
-                match_iou: torch.Tensor, matched: torch.Tensor, classes: tuple[str, ...]):
+                match_iou: torch.Tensor, matched: torch.Tensor, classes: tuple[str, ...], box_beta: float = 0.02):
     """Binary cross-entropy of the IoU logit against each candidate's IoU with its object (0 for
-    background), plus smooth-L1 of the residual on the positives (`REGRESSION_MIN_IOU`). Returns the
-    total and its parts as floats."""
+    background), plus smooth-L1 (``box_beta``) of the residual on the positives (`REGRESSION_MIN_IOU`).
+    Returns the total and its parts as floats."""
     bce = F.binary_cross_entropy_with_logits(iou_logit, match_iou.clamp(0, 1))
     thr = boxes.new_tensor([REGRESSION_MIN_IOU.get(c, DEFAULT_REGRESSION_MIN_IOU) for c in classes])[labels]
     pos = match_iou >= thr
     if pos.any():
         target = encode_residuals(boxes[pos], matched[pos])
-        reg = F.smooth_l1_loss(residual[pos], target, beta=0.1, reduction="none").sum(dim=1).mean()
+        reg = F.smooth_l1_loss(residual[pos], target, beta=box_beta, reduction="none").sum(dim=1).mean()
     else:
         reg = residual.sum() * 0.0
     total = bce + reg
@@ -225,7 +225,13 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     iou_logit, residual = refiner(feats, valid, roi_context(scores, labels, boxes, num_classes))
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
     new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
-    return new_scores, labels, apply_residuals(boxes, residual)
+    new_boxes = apply_residuals(boxes, residual)
+    # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
+    # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
+    empty = ~valid.any(dim=1)
+    new_scores = torch.where(empty, torch.minimum(new_scores, scores), new_scores)
+    new_boxes = torch.where(empty[:, None], boxes, new_boxes)
+    return new_scores, labels, new_boxes
 
 
 def parse_refine(section, classes: tuple[str, ...], source: str, per_class, positive_ints) -> RefineConfig | None:
