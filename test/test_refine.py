@@ -164,6 +164,14 @@ def test_refine_candidates_rescoring():
         net.residual.bias.fill_(0.1)  # every box moves ... except the one without points
     _, _, b = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0)
     assert not torch.allclose(b[:2], BOXES[:2]) and torch.equal(b[2], BOXES[2])
+    # passes=2: the refiner again on its own boxes, with the stage-1 scores and labels
+    s1, l1, b1 = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0)
+    s_again, _, b_again = refine_candidates(net, cfg1, 3, _points(), scores, l1, b1, 255.0)
+    s2, l2, b2 = refine_candidates(net, cfg1, 3, _points(), scores, labels, BOXES, 255.0, passes=2)
+    assert torch.equal(s2, s_again) and torch.equal(b2, b_again) and torch.equal(l2, labels)
+    assert not torch.allclose(b2[:2], b1[:2])  # the second pass moved the boxes once more
+    twice = RefineConfig(rois=8, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 0.5, 1.0), passes=2)
+    assert torch.equal(refine_candidates(net, twice, 3, _points(), scores, labels, BOXES, 255.0)[2], b2)
 
 
 def test_refine_config_section():
@@ -172,14 +180,16 @@ def test_refine_config_section():
     cfg = ModelConfig.from_dict(_cfg_dict({"rois": 24, "score_alpha": {"car": 0.5, "pedestrian": 1.0, "cyclist": 0.75}}),
                                 source="t")
     assert cfg.refine.rois == 24 and cfg.refine.score_alpha == (0.5, 1.0, 0.75) and cfg.refine.points == 64
+    assert cfg.refine.passes == 1 and ModelConfig.from_dict(_cfg_dict({"passes": 2}), source="t").refine.passes == 2
     assert cfg.architecture()["refine"] == {"points": 64, "margin": 0.5, "point_channels": [32, 64, 128], "hidden": [128, 64]}
     # run-time knobs do not change the architecture; the sampling does
-    other_rois = ModelConfig.from_dict(_cfg_dict({"rois": 48, "score_alpha": 0.2}), source="t")
+    other_rois = ModelConfig.from_dict(_cfg_dict({"rois": 48, "score_alpha": 0.2, "passes": 3}), source="t")
     assert other_rois.architecture_hash() == cfg.architecture_hash() != plain.architecture_hash()
     assert ModelConfig.from_dict(_cfg_dict({"points": 32}), source="t").architecture_hash() != cfg.architecture_hash()
     assert ModelConfig.from_dict(cfg.to_dict(), source="t") == cfg
     for bad, msg in (({"bogus": 1}, "refine"), ({"margin": -1}, "margin"), ({"rois": 0}, "rois"),
-                     ({"score_alpha": 2}, "score_alpha"), ("yes", "refine")):
+                     ({"score_alpha": 2}, "score_alpha"), ({"passes": 0}, "passes"), ({"passes": 5}, "passes"),
+                     ("yes", "refine")):
         with pytest.raises(ConfigError, match=msg):
             ModelConfig.from_dict(_cfg_dict(bad), source="t")
 

@@ -287,6 +287,7 @@ class ModelConfig:
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
             **({"refine": {"rois": self.refine.rois, "points": self.refine.points, "margin": self.refine.margin,
                            "point_channels": list(self.refine.point_channels), "hidden": list(self.refine.hidden),
-                           "score_alpha": by(self.refine.score_alpha)}} if self.refine else {}),
+                           "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes}}
+               if self.refine else {}),
             "weights": self.weights,
         }

@@ -12,7 +12,9 @@ is), and predicts
 - a box residual (centre shift in box lengths/widths/heights, log size ratios, yaw change), applied
   to the candidate.
 
-Candidates below the first ``rois`` are dropped. Shapes are fixed per RoI (``points`` samples,
+With ``passes`` > 1 the refiner runs again on its own refined boxes (same stage-1 scores and labels):
+the IoU it then predicts is the refined box's, not the candidate's, so the score matches the box that
+is published. Candidates below the first ``rois`` are dropped. Shapes are fixed per RoI (``points`` samples,
 padded, with a validity mask); the number of points in the cloud is not, so this stage runs eagerly
 after the compiled network (a few ms on one CPU thread). Sampling is deterministic: among a box's
 points the ones with the largest golden-ratio hash of their index are taken, so the same cloud
@@ -46,9 +48,10 @@ class RefineConfig:
     point_channels: tuple[int, ...] = (32, 64, 128)
     hidden: tuple[int, ...] = (128, 64)
     score_alpha: tuple[float, ...] = (0.75, 0.75, 0.75)  # per class; run time
+    passes: int = 1  # refiner applications at inference, each on the previous pass's boxes; run time
 
     def architecture(self) -> dict:
-        """What the refiner's weights depend on (``rois`` and ``score_alpha`` do not)."""
+        """What the refiner's weights depend on (``rois``, ``score_alpha`` and ``passes`` do not)."""
         return {"points": self.points, "margin": self.margin, "point_channels": list(self.point_channels),
                 "hidden": list(self.hidden)}
 
@@ -216,22 +219,25 @@ def refine_loss(iou_logit: torch.Tensor, residual: torch.Tensor, boxes: torch.Te
 @torch.no_grad()
 def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, points: torch.Tensor,
                       scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, intensity_scale: float,
-                      rois: int | None = None):
+                      rois: int | None = None, passes: int | None = None):
     """Stage 2 on one frame: the first ``rois`` candidates of `topk_decode` (highest heat first) -> their
-    re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame."""
+    re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame; ``passes``
+    refiner applications (default: the config's), each on the previous one's boxes."""
     r = min(rois or cfg.rois, scores.shape[0])
     scores, labels, boxes = scores[:r].float(), labels[:r], boxes[:r].float()
-    feats, valid = roi_point_features(points.float(), boxes, cfg.points, cfg.margin, intensity_scale)
-    iou_logit, residual = refiner(feats, valid, roi_context(scores, labels, boxes, num_classes))
+    points = points.float()
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
-    new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
-    new_boxes = apply_residuals(boxes, residual)
-    # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
-    # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
-    empty = ~valid.any(dim=1)
-    new_scores = torch.where(empty, torch.minimum(new_scores, scores), new_scores)
-    new_boxes = torch.where(empty[:, None], boxes, new_boxes)
-    return new_scores, labels, new_boxes
+    new_scores = scores
+    for _ in range(passes or cfg.passes):
+        feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale)
+        iou_logit, residual = refiner(feats, valid, roi_context(scores, labels, boxes, num_classes))
+        new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
+        # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
+        # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
+        empty = ~valid.any(dim=1)
+        new_scores = torch.where(empty, torch.minimum(new_scores, scores), new_scores)
+        boxes = torch.where(empty[:, None], boxes, apply_residuals(boxes, residual))
+    return new_scores, labels, boxes
 
 
 def parse_refine(section, classes: tuple[str, ...], source: str, per_class, positive_ints) -> RefineConfig | None:
@@ -240,12 +246,15 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
 
     if section is None:
         return None
-    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha"}
+    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha", "passes"}
     if not isinstance(section, dict) or set(section) - allowed:
         raise ConfigError(f"model config {source}: bad refine section {section!r}; allowed keys {sorted(allowed)}")
     d = RefineConfig()
     (rois,) = positive_ints([section.get("rois", d.rois)], "refine.rois")
     (points,) = positive_ints([section.get("points", d.points)], "refine.points")
+    (passes,) = positive_ints([section.get("passes", d.passes)], "refine.passes")
+    if passes > 4:
+        raise ConfigError(f"refine.passes must be 1..4 (each pass costs a refiner run), got {passes}")
     margin = section.get("margin", d.margin)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0.0 <= margin <= 5.0):
         raise ConfigError(f"refine.margin must be metres in [0, 5], got {margin!r}")
@@ -254,5 +263,6 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
         point_channels=positive_ints(section.get("point_channels", d.point_channels), "refine.point_channels"),
         hidden=positive_ints(section.get("hidden", d.hidden), "refine.hidden"),
         score_alpha=per_class(section.get("score_alpha", 0.75), classes, "refine.score_alpha", 0.0, 1.0),
+        passes=passes,
     )
 
