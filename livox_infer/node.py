@@ -69,7 +69,7 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
               "compiled ahead of time with its weights, no compiler needed; empty = off. Change rebuilds."),
     ParamSpec("test_time_flip", False, "Run the network on each frame and its mirror image and average them "
-              "(with refine: held-out car BEV AP@0.7 0.788 -> 0.811; ~+11 ms compiled network time on 1 core). "
+              "(~+11 ms compiled network time on 1 core; with the shipped refiner no AP gain, docs/detector.md). "
               "Change rebuilds."),
     ParamSpec("refine", True, "Run stage 2: re-score and refine the best candidates with the points inside them "
               "(models with a refine section; docs/detector.md). false: stage 1 alone, a few ms faster."),

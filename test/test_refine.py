@@ -251,7 +251,7 @@ def test_train_refine_stage_trains_only_the_refiner(trained_detector):
     root, _, cfg_path = trained_detector
     out = root / "both.safetensors"
     args = _args(root, cfg_path, "--stage", "refine", "--init", str(root / "det.safetensors"), "--out", str(out),
-                 "--steps", "6", "--val-every", "3", "--lr", "1e-2")
+                 "--steps", "6", "--val-every", "3", "--lr", "1e-2", "--refine-train-passes", "2")
     assert train_mod.main(args) == 0
     det, _ = _tensors(root / "det.safetensors")
     both, meta = _tensors(out)

@@ -379,10 +379,11 @@ def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch
 
 
 def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
-                      amp_dtype: torch.dtype | None = None, box_beta: float = 0.02):
+                      amp_dtype: torch.dtype | None = None, box_beta: float = 0.02, passes: int = 1):
     """Stage-2 training loss of a batch: the frozen detector (eval mode, no gradients) proposes its first
     ``refine.rois`` candidates per frame, the refiner (training mode) scores and refines them against the
-    frame's ground truth (`refine.refine_loss`)."""
+    frame's ground truth (`refine.refine_loss`). ``passes`` > 1 also trains on the boxes that the current
+    refiner (eval mode, no gradients) makes of them, as inference's later passes see them."""
     rc = cfg.refine
     with torch.no_grad():
         bev = bev.contiguous(memory_format=torch.channels_last)
@@ -392,10 +393,18 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
     parts = {name: [] for name in ("feats", "valid", "context", "iou", "matched", "labels", "boxes")}
     for b, (points, gt_boxes, gt_labels) in enumerate(scene):
         sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
-        feats, valid = roi_point_features(points.to(bev.device), bx, rc.points, rc.margin, cfg.grid.intensity_scale)
-        iou, matched = match_candidates(bx, lab, gt_boxes.to(bev.device), gt_labels.to(bev.device))
-        for name, t in zip(parts, (feats, valid, roi_context(sc, lab, bx, cfg.num_classes), iou, matched, lab, bx)):
-            parts[name].append(t)
+        points = points.to(bev.device)
+        for k in range(passes):
+            if k:
+                was_training = net.refiner.training
+                net.refiner.eval()  # no BatchNorm statistics from these extra forward passes
+                bx = refine_candidates(net.refiner, rc, cfg.num_classes, points, sc, lab, bx, cfg.grid.intensity_scale,
+                                       passes=1)[2]
+                net.refiner.train(was_training)
+            feats, valid = roi_point_features(points, bx, rc.points, rc.margin, cfg.grid.intensity_scale)
+            iou, matched = match_candidates(bx, lab, gt_boxes.to(bev.device), gt_labels.to(bev.device))
+            for name, t in zip(parts, (feats, valid, roi_context(sc, lab, bx, cfg.num_classes), iou, matched, lab, bx)):
+                parts[name].append(t)
     cat = {k: torch.cat(v) for k, v in parts.items()}
     iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
     return refine_loss(iou_logit, residual, cat["boxes"], cat["labels"], cat["iou"], cat["matched"], cfg.classes,
@@ -441,6 +450,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--stage refine: smooth-L1 beta of the box residual loss. Residuals are in box lengths, so "
                         "a car's 0.2-0.3 m errors are ~0.05: at beta 0.1 they sat in the weak quadratic part "
                         "(0.02: validation car AP@0.7 +0.03, docs/detector.md)")
+    p.add_argument("--refine-train-passes", type=int, default=None, choices=(1, 2, 3, 4),
+                   help="--stage refine: also train on the refiner's own refined boxes, as inference's later "
+                        "passes see them (default: the config's refine.passes)")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -553,7 +565,8 @@ def _train(args: argparse.Namespace) -> int:
         bev = bev.to(device, non_blocking=True)
         tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
         if refining:
-            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, args.refine_box_beta)
+            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, args.refine_box_beta,
+                                             args.refine_train_passes or cfg.refine.passes)
         else:
             loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, args.corner_weight)
         opt.zero_grad(set_to_none=True)
