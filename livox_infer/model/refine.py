@@ -234,10 +234,15 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
         new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
         # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
         # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
-        empty = ~valid.any(dim=1)
-        new_scores = torch.where(empty, torch.minimum(new_scores, scores), new_scores)
-        boxes = torch.where(empty[:, None], boxes, apply_residuals(boxes, residual))
+        new_scores = torch.where(valid.any(dim=1), new_scores, torch.minimum(new_scores, scores))
+        boxes = next_boxes(boxes, residual, valid)
     return new_scores, labels, boxes
+
+
+def next_boxes(boxes: torch.Tensor, residual: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """One pass's refined boxes: the residuals applied, except to boxes without a point in reach (their
+    ``valid`` row is all false), which stay as they are."""
+    return torch.where(valid.any(dim=1, keepdim=True), apply_residuals(boxes, residual), boxes)
 
 
 def parse_refine(section, classes: tuple[str, ...], source: str, per_class, positive_ints) -> RefineConfig | None:

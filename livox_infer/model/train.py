@@ -38,7 +38,9 @@ from livox_infer.model.losses import detection_loss
 from livox_infer.model.network import build_model
 from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.postprocess import select_detections, topk_decode
-from livox_infer.model.refine import match_candidates, refine_candidates, refine_loss, roi_context, roi_point_features
+from livox_infer.model.refine import (
+    match_candidates, next_boxes, refine_candidates, refine_loss, roi_context, roi_point_features,
+)
 from livox_infer.model.targets import build_targets
 from livox_infer.model.weights import save_weights
 from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
@@ -393,17 +395,18 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
     parts = {name: [] for name in ("feats", "valid", "context", "iou", "matched", "labels", "boxes")}
     for b, (points, gt_boxes, gt_labels) in enumerate(scene):
         sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
-        points = points.to(bev.device)
+        points, gt_boxes, gt_labels = points.to(bev.device), gt_boxes.to(bev.device), gt_labels.to(bev.device)
         for k in range(passes):
-            if k:
+            if k:  # the previous pass's inputs through the current refiner, as `refine_candidates` does
                 was_training = net.refiner.training
                 net.refiner.eval()  # no BatchNorm statistics from these extra forward passes
-                bx = refine_candidates(net.refiner, rc, cfg.num_classes, points, sc, lab, bx, cfg.grid.intensity_scale,
-                                       passes=1)[2]
+                with torch.no_grad():
+                    bx = next_boxes(bx, net.refiner(feats, valid, context)[1], valid)
                 net.refiner.train(was_training)
             feats, valid = roi_point_features(points, bx, rc.points, rc.margin, cfg.grid.intensity_scale)
-            iou, matched = match_candidates(bx, lab, gt_boxes.to(bev.device), gt_labels.to(bev.device))
-            for name, t in zip(parts, (feats, valid, roi_context(sc, lab, bx, cfg.num_classes), iou, matched, lab, bx)):
+            context = roi_context(sc, lab, bx, cfg.num_classes)
+            iou, matched = match_candidates(bx, lab, gt_boxes, gt_labels)
+            for name, t in zip(parts, (feats, valid, context, iou, matched, lab, bx)):
                 parts[name].append(t)
     cat = {k: torch.cat(v) for k, v in parts.items()}
     iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
