@@ -17,8 +17,9 @@ from livox_infer.model import ModelConfig, build_model, load_weights, save_weigh
 from livox_infer.model import train as train_mod
 from livox_infer.model.boxes import axis_angle, paired_bev_iou
 from livox_infer.model.refine import (
-    POINT_FEATURES, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size, encode_residuals,
-    match_candidates, refine_candidates, refine_loss, roi_context, roi_point_features,
+    POINT_FEATURES, VIS_OBSTACLE_Z, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size,
+    encode_residuals, first_hit_map, match_candidates, refine_candidates, refine_loss, roi_context,
+    roi_point_features, roi_visibility,
 )
 from livox_infer.model.weights import warm_start
 
@@ -192,6 +193,80 @@ def test_refine_config_section():
                      ("yes", "refine")):
         with pytest.raises(ConfigError, match=msg):
             ModelConfig.from_dict(_cfg_dict(bad), source="t")
+
+
+def _reference_first_hits(points, n_bins):
+    """Point by point in plain Python: nearest obstacle-height return and any return per azimuth bin."""
+    first, seen = [math.inf] * n_bins, [False] * n_bins
+    for x, y, z, _ in points.tolist():
+        b = min(n_bins - 1, max(0, int(math.floor((math.atan2(y, x) + math.pi) * n_bins / (2 * math.pi)))))
+        seen[b] = True
+        if VIS_OBSTACLE_Z[0] < z < VIS_OBSTACLE_Z[1]:
+            first[b] = min(first[b], math.hypot(x, y))
+    return torch.tensor(first), torch.tensor(seen)
+
+
+def test_first_hit_map_matches_a_per_point_loop():
+    pts = _points(2000, seed=4)
+    pts[:500, 2] = 0.05  # ground returns: seen, but no obstacle
+    first, seen = first_hit_map(pts, 360)
+    ref_first, ref_seen = _reference_first_hits(pts, 360)
+    assert torch.equal(seen, ref_seen) and seen.sum() < 360  # the cloud covers only part of the circle
+    assert torch.equal(torch.isinf(first), torch.isinf(ref_first))
+    assert torch.allclose(first[torch.isfinite(first)], ref_first[torch.isfinite(ref_first)].float())
+    empty_first, empty_seen = first_hit_map(pts[:0], 360)
+    assert torch.isinf(empty_first).all() and not empty_seen.any()
+
+
+def test_roi_visibility_free_occluded_and_unseen():
+    # a wall 10 m ahead (y -3..3, 0.5..1.5 m high), ground returns out to 30 m in the same directions
+    wy = torch.linspace(-3, 3, 400)
+    wall = torch.stack([torch.full_like(wy, 10.0), wy, torch.full_like(wy, 1.0), torch.zeros_like(wy)], dim=1)
+    gx = torch.linspace(2, 30, 400)
+    ground = torch.stack([gx, (gx - 16) * 0.2, torch.zeros_like(gx), torch.zeros_like(gx)], dim=1)
+    first, seen = first_hit_map(torch.cat([wall, ground]))
+    boxes = torch.tensor([[6.0, 0.0, 0.8, 1.0, 0.5, 1.5, 0.0],    # in front of the wall: the rays pass it
+                          [14.0, 0.0, 0.8, 1.0, 0.5, 1.5, 0.0],   # behind the wall: hidden
+                          [10.0, 20.0, 0.8, 1.0, 0.5, 1.5, 0.0]])  # 63 deg to the left: no return at all
+    vis = roi_visibility(first, seen, boxes, (3, 2), extend=(0.2, 0.2))
+    d, s = vis[:, :6], vis[:, 6:]
+    assert vis.shape == (3, 12) and d.abs().max() <= 1
+    assert (s[:2] == 1).all() and (d[0] > 0.9).all() and (d[1] < -0.9).all()  # 4 m from the wall: clipped
+    assert (s[2] == 0).all() and (d[2] == 0).all()
+    # samples are laid out along the box axis first: turning the box by 90 deg turns the grid with it
+    long_box = torch.tensor([[10.0, 0.0, 0.8, 3.0, 0.4, 1.5, 0.0]])  # straddles the wall along x
+    along = roi_visibility(first, seen, long_box, (3, 1), extend=(0.0, 0.0))[0, :3]
+    assert along[0] > 0 and along[1].abs() < 0.05 and along[2] < 0
+    assert roi_visibility(first, seen, boxes[:0], (3, 2)).shape == (0, 12)
+
+
+def test_warm_start_adds_visibility_inputs_as_zeros(tmp_path):
+    """A refiner trained without visibility initialises one with it: same outputs until trained."""
+    base = {"points": 16, "point_channels": [8, 16], "hidden": [16]}
+    old = ModelConfig.from_dict(_cfg_dict(base), source="t")
+    new = ModelConfig.from_dict(_cfg_dict({**base, "visibility": [4, 2]}), source="t")
+    assert new.refine.visibility == (4, 2) and new.architecture()["refine"]["visibility"] == [4, 2]
+    assert "visibility" not in old.architecture()["refine"] and new.architecture_hash() != old.architecture_hash()
+    assert ModelConfig.from_dict(new.to_dict(), source="t") == new
+    for bad in ([4], [4, 0], [4, 2, 1], [64, 2], "yes"):
+        with pytest.raises(ConfigError, match="visibility"):
+            ModelConfig.from_dict(_cfg_dict({**base, "visibility": bad}), source="t")
+    torch.manual_seed(0)
+    net_old = build_model(old).eval()
+    with torch.no_grad():  # a non-trivial residual head, so that the comparison means something
+        net_old.refiner.residual.weight.normal_(0, 0.1)
+    save_weights(net_old, old, tmp_path / "old.safetensors")
+    net_new = build_model(new).eval()
+    assert warm_start(net_new, new, tmp_path / "old.safetensors") == ["refiner.head.0.weight"]
+    pts = _points()
+    scores, labels = torch.tensor([0.9, 0.6, 0.4]), torch.tensor([0, 1, 0])
+    a = refine_candidates(net_old.refiner, old.refine, 3, pts, scores, labels, BOXES, 255.0, passes=2)
+    b = refine_candidates(net_new.refiner, new.refine, 3, pts, scores, labels, BOXES, 255.0, passes=2)
+    assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[2], b[2], atol=1e-5)
+    assert not torch.equal(a[2], BOXES)  # the boxes did move
+    with pytest.raises(WeightsError):  # and not the other way round
+        save_weights(net_new, new, tmp_path / "new.safetensors")
+        warm_start(build_model(old), old, tmp_path / "new.safetensors")
 
 
 def test_warm_start_adds_a_fresh_refiner_and_keeps_the_detector(tmp_path):

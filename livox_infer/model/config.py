@@ -287,7 +287,8 @@ class ModelConfig:
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
             **({"refine": {"rois": self.refine.rois, "points": self.refine.points, "margin": self.refine.margin,
                            "point_channels": list(self.refine.point_channels), "hidden": list(self.refine.hidden),
-                           "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes}}
+                           "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes,
+                           **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {})}}
                if self.refine else {}),
             "weights": self.weights,
         }

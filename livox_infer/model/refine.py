@@ -5,7 +5,7 @@ post, or where exactly a car ends, is finer than that. For each of the ``rois`` 
 candidates of `topk_decode` the refiner takes up to ``points`` lidar points inside the candidate box
 enlarged by ``margin`` (metres, every side, also above and below), in the box's own frame, runs a
 small shared MLP over them, max-pools, adds what stage 1 knew (class, score, size, where the sensor
-is), and predicts
+is), optionally what the rays say around it (``visibility``: see `first_hit_map`), and predicts
 
 - the BEV IoU of the candidate with its object of the same class (a logit; 0 for background), which
   re-scores the candidate: score = stage-1 score^(1 - a) * IoU^a, ``a`` = ``score_alpha`` per class;
@@ -38,6 +38,12 @@ LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement st
 REGRESSION_MIN_IOU = {"car": 0.5}
 DEFAULT_REGRESSION_MIN_IOU = 0.3
 _GOLDEN = 0.6180339887498949
+# visibility context (`first_hit_map`, `roi_visibility`): rays binned by azimuth; an "obstacle" return is
+# one between these heights above the ground (levelled frame), i.e. something a car body would block
+VIS_AZIMUTH_BINS = 900  # 0.4 deg: ~0.3 m at 40 m
+VIS_OBSTACLE_Z = (0.3, 2.0)
+VIS_EXTEND = (1.0, 0.5)  # metres the sample grid reaches beyond the box along / across its axis
+VIS_RANGE_SCALE = 2.0  # metres of (first hit - sample range) that map to +-1
 
 
 @dataclass(frozen=True)
@@ -49,15 +55,22 @@ class RefineConfig:
     hidden: tuple[int, ...] = (128, 64)
     score_alpha: tuple[float, ...] = (0.75, 0.75, 0.75)  # per class; run time
     passes: int = 1  # refiner applications at inference, each on the previous pass's boxes; run time
+    visibility: tuple[int, int] | None = None  # (along, across) ray-visibility samples per RoI, None = off
 
     def architecture(self) -> dict:
-        """What the refiner's weights depend on (``rois``, ``score_alpha`` and ``passes`` do not)."""
+        """What the refiner's weights depend on (``rois``, ``score_alpha`` and ``passes`` do not). Without
+        visibility the dict is what it was before the option existed, so older weights keep their hash."""
         return {"points": self.points, "margin": self.margin, "point_channels": list(self.point_channels),
-                "hidden": list(self.hidden)}
+                "hidden": list(self.hidden), **({"visibility": list(self.visibility)} if self.visibility else {})}
+
+    @property
+    def visibility_size(self) -> int:
+        return 2 * self.visibility[0] * self.visibility[1] if self.visibility else 0
 
 
-def context_size(num_classes: int) -> int:
-    return num_classes + 1 + 3 + 3  # class one-hot, stage-1 score, log size, range / 50 and the sensor's direction
+def context_size(num_classes: int, visibility_size: int = 0) -> int:
+    # class one-hot, stage-1 score, log size, range / 50 and the sensor's direction (+ visibility samples)
+    return num_classes + 1 + 3 + 3 + visibility_size
 
 
 def _box_frame(points: torch.Tensor, boxes: torch.Tensor):
@@ -135,6 +148,66 @@ def roi_context(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
                       to_sensor_u[:, None], to_sensor_v[:, None]], dim=1)
 
 
+def _azimuth_bin(x: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tensor:
+    b = torch.floor((torch.atan2(y, x) + torch.pi) * (n_bins / (2 * torch.pi))).long()
+    return b.clamp(0, n_bins - 1)
+
+
+def first_hit_map(points: torch.Tensor, n_bins: int = VIS_AZIMUTH_BINS,
+                  heights: tuple[float, float] = VIS_OBSTACLE_Z) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per azimuth bin around the sensor (levelled frame, sensor above the origin): the horizontal range of
+    the nearest return between ``heights`` above the ground (inf where there is none) and whether the bin
+    saw any return at all (False: outside the field of view, or a hole in this frame's scan pattern).
+    Returns (first_range (n_bins,), observed (n_bins,) bool)."""
+    first = points.new_full((n_bins,), float("inf"))
+    observed = torch.zeros(n_bins, dtype=torch.bool, device=points.device)
+    if points.shape[0] == 0:
+        return first, observed
+    b = _azimuth_bin(points[:, 0], points[:, 1], n_bins)
+    observed[b] = True
+    obstacle = (points[:, 2] > heights[0]) & (points[:, 2] < heights[1])
+    first.scatter_reduce_(0, b[obstacle], torch.hypot(points[obstacle, 0], points[obstacle, 1]), "amin")
+    return first, observed
+
+
+def roi_visibility(first: torch.Tensor, observed: torch.Tensor, boxes: torch.Tensor,
+                   samples: tuple[int, int], extend: tuple[float, float] = VIS_EXTEND) -> torch.Tensor:
+    """What the rays say about a grid of ``samples`` = (along, across) BEV points over each box (R, 7),
+    reaching ``extend`` metres beyond it: (R, 2 * along * across) = per sample the signed distance
+    (first hit in its direction - its own range) / `VIS_RANGE_SCALE`, clipped to [-1, 1] (positive: the
+    rays passed it, so nothing stands there; negative: something nearer hides it; 0 where the direction
+    saw nothing), then per sample whether its direction saw any return.
+
+    Why: the points of a partly seen car do not say where its unseen end is, but the rays next to them
+    do: past a real end they go on (free space), behind an occluder they stop short."""
+    r = boxes.shape[0]
+    nu, nv = samples
+    if r == 0:
+        return boxes.new_zeros((0, 2 * nu * nv))
+    t_u = torch.linspace(-1.0, 1.0, nu, device=boxes.device, dtype=boxes.dtype)
+    t_v = torch.linspace(-1.0, 1.0, nv, device=boxes.device, dtype=boxes.dtype)
+    u = t_u[None, :, None] * (boxes[:, 3, None, None] / 2 + extend[0])  # (R, nu, 1)
+    v = t_v[None, None, :] * (boxes[:, 4, None, None] / 2 + extend[1])  # (R, 1, nv)
+    c, s = torch.cos(boxes[:, 6, None, None]), torch.sin(boxes[:, 6, None, None])
+    x = boxes[:, 0, None, None] + c * u - s * v  # (R, nu, nv)
+    y = boxes[:, 1, None, None] + s * u + c * v
+    b = _azimuth_bin(x, y, first.shape[0])
+    f, seen = first[b], observed[b]
+    d = torch.where(torch.isfinite(f), (f - torch.hypot(x, y)) / VIS_RANGE_SCALE, torch.ones_like(x))
+    d = torch.where(seen, d.clamp(-1.0, 1.0), torch.zeros_like(d))
+    return torch.cat([d.reshape(r, -1), seen.to(boxes.dtype).reshape(r, -1)], dim=1)
+
+
+def refiner_context(cfg: RefineConfig, num_classes: int, scores: torch.Tensor, labels: torch.Tensor,
+                    boxes: torch.Tensor, hits: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The refiner's context input: `roi_context`, plus `roi_visibility` when the config asks for it
+    (``hits`` = `first_hit_map` of the frame's levelled points)."""
+    ctx = roi_context(scores, labels, boxes, num_classes)
+    if not cfg.visibility:
+        return ctx
+    return torch.cat([ctx, roi_visibility(hits[0], hits[1], boxes, cfg.visibility).to(ctx.dtype)], dim=1)
+
+
 class RoiRefiner(nn.Module):
     """PointNet over each candidate's points + stage-1 context -> (IoU logit (R,), residual (R, 7))."""
 
@@ -145,7 +218,7 @@ class RoiRefiner(nn.Module):
             layers += [nn.Conv1d(prev, ch, 1, bias=False), nn.BatchNorm1d(ch), nn.ReLU(inplace=True)]
             prev = ch
         self.point_mlp = nn.Sequential(*layers)
-        head, prev = [], prev + context_size(num_classes)
+        head, prev = [], prev + context_size(num_classes, cfg.visibility_size)
         for ch in cfg.hidden:
             head += [nn.Linear(prev, ch), nn.ReLU(inplace=True)]
             prev = ch
@@ -228,9 +301,10 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     points = points.float()
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
     new_scores = scores
+    hits = first_hit_map(points) if cfg.visibility else None
     for _ in range(passes or cfg.passes):
         feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale)
-        iou_logit, residual = refiner(feats, valid, roi_context(scores, labels, boxes, num_classes))
+        iou_logit, residual = refiner(feats, valid, refiner_context(cfg, num_classes, scores, labels, boxes, hits))
         new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
         # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
         # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
@@ -251,7 +325,7 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
 
     if section is None:
         return None
-    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha", "passes"}
+    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha", "passes", "visibility"}
     if not isinstance(section, dict) or set(section) - allowed:
         raise ConfigError(f"model config {source}: bad refine section {section!r}; allowed keys {sorted(allowed)}")
     d = RefineConfig()
@@ -263,11 +337,16 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
     margin = section.get("margin", d.margin)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0.0 <= margin <= 5.0):
         raise ConfigError(f"refine.margin must be metres in [0, 5], got {margin!r}")
+    visibility = section.get("visibility")
+    if visibility is not None:
+        visibility = positive_ints(visibility, "refine.visibility")
+        if len(visibility) != 2 or max(visibility) > 32:
+            raise ConfigError(f"refine.visibility must be [along, across] samples (1..32 each), got {visibility!r}")
     return RefineConfig(
         rois=rois, points=points, margin=float(margin),
         point_channels=positive_ints(section.get("point_channels", d.point_channels), "refine.point_channels"),
         hidden=positive_ints(section.get("hidden", d.hidden), "refine.hidden"),
         score_alpha=per_class(section.get("score_alpha", 0.75), classes, "refine.score_alpha", 0.0, 1.0),
-        passes=passes,
+        passes=passes, visibility=tuple(visibility) if visibility else None,
     )
 

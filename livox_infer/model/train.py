@@ -39,7 +39,7 @@ from livox_infer.model.network import build_model
 from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.postprocess import select_detections, topk_decode
 from livox_infer.model.refine import (
-    match_candidates, next_boxes, refine_candidates, refine_loss, roi_context, roi_point_features,
+    first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
 )
 from livox_infer.model.targets import build_targets
 from livox_infer.model.weights import save_weights
@@ -396,6 +396,7 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
     for b, (points, gt_boxes, gt_labels) in enumerate(scene):
         sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
         points, gt_boxes, gt_labels = points.to(bev.device), gt_boxes.to(bev.device), gt_labels.to(bev.device)
+        hits = first_hit_map(points) if rc.visibility else None
         for k in range(passes):
             if k:  # the previous pass's inputs through the current refiner, as `refine_candidates` does
                 was_training = net.refiner.training
@@ -404,7 +405,7 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
                     bx = next_boxes(bx, net.refiner(feats, valid, context)[1], valid)
                 net.refiner.train(was_training)
             feats, valid = roi_point_features(points, bx, rc.points, rc.margin, cfg.grid.intensity_scale)
-            context = roi_context(sc, lab, bx, cfg.num_classes)
+            context = refiner_context(rc, cfg.num_classes, sc, lab, bx, hits)
             iou, matched = match_candidates(bx, lab, gt_boxes, gt_labels)
             for name, t in zip(parts, (feats, valid, context, iou, matched, lab, bx)):
                 parts[name].append(t)

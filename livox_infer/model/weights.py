@@ -115,6 +115,7 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
     return meta
 
 
+REFINER_FIRST_HIDDEN = "refiner.head.0.weight"  # the refiner's first hidden layer: [point features | context]
 GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine")
 
 
@@ -132,8 +133,9 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     (weights trained before these).
 
     New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
-    convolution get zero weights and new residual blocks start as the identity, so the warm-started
-    network computes exactly what the old one did until training teaches it to use them. Returns the
+    convolution and new refiner context inputs (``refine.visibility``) get zero weights and new residual
+    blocks start as the identity, so the warm-started network computes what the old one did (exactly;
+    up to float rounding where a refiner gained inputs) until training teaches it to use them. Returns the
     names of the tensors that were grown or added; any other difference raises `WeightsError`."""
     from livox_infer.model.network import ResidualBlock
     from livox_infer.model.refine import RoiRefiner
@@ -174,6 +176,10 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
                 and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:]):
             new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
             new[:, channel_map] = v
+        elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]
+              and v.shape[1] < mine.shape[1]):
+            new = torch.zeros_like(mine, device=v.device)  # context inputs added at the end (visibility) start at 0
+            new[:, : v.shape[1]] = v
         elif v.dim() >= 1 and v.dim() == mine.dim() and v.shape[1:] == mine.shape[1:] and v.shape[0] < mine.shape[0]:
             new = mine.detach().clone().to(v.device)  # more outputs: the old ones first, the rest as initialised
             new[: v.shape[0]] = v
