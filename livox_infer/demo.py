@@ -169,12 +169,11 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(120, 200)))  # away from a live robot's graph
     import rclpy
     from rclpy.context import Context
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
     from vision_msgs.msg import Detection3DArray
 
     from livox_infer.bag import read_clouds, read_detections
-    from livox_infer.node import DetectorNode, params_file_for
+    from livox_infer.node import DetectorNode, create_executor, params_file_for
     from livox_infer.replay import BagReplayer, cdr_header_stamp_ns
     from livox_infer.ros_msgs import msg_to_arrays
 
@@ -191,7 +190,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
 
     ctx = Context()
     rclpy.init(context=ctx, args=[])
-    executor = MultiThreadedExecutor(num_threads=2, context=ctx)
+    executor = create_executor(ctx)
     node = None
     try:
         overrides = [Parameter("device", value=device), Parameter("use_compile", value=use_compile)]

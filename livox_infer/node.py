@@ -591,11 +591,25 @@ def ros_arguments(args: argparse.Namespace) -> list[str]:
     return out + extra
 
 
+def create_executor(context=None):
+    """The executor the node spins in: single-threaded on purpose.
+
+    Every callback here is short (a cloud is handed to the worker thread, which runs the pipeline), so one
+    thread is enough. rclpy's MultiThreadedExecutor re-yields a ready callback until a pool thread has
+    started it; while the worker holds the GIL for the network, that spin thread loops hundreds to
+    thousands of times per frame (measured: 200-4300 dispatches for 20 clouds), starving the worker and
+    the subscription: frames then stall for up to 2 s and are lost before the node sees them.
+    """
+    from rclpy.executors import SingleThreadedExecutor
+
+    return SingleThreadedExecutor(context=context)
+
+
 def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = None) -> int:
     """Initialise rclpy with ``ros_argv``, run the node until shutdown; exit status 1 on start-up failure."""
     import rclpy
     from rclpy.exceptions import ParameterException
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
 
     rclpy.init(args=ros_argv)
     node = None
@@ -606,7 +620,7 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
             kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)
             return 1
-        executor = MultiThreadedExecutor(num_threads=2)
+        executor = create_executor()
         try:
             executor.add_node(node)
             executor.spin()

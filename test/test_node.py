@@ -179,6 +179,35 @@ def test_latest_frame_only_under_a_slow_pipeline(ros):
     assert max(node.stats.latency_ms["queue_wait"]) < 0.25e3 * 2
 
 
+def test_executor_dispatches_each_cloud_once_while_the_worker_is_busy(ros):
+    # rclpy's MultiThreadedExecutor re-yields a ready callback until a pool thread starts it; with the
+    # worker holding the GIL that loop ran hundreds of times per cloud and starved the node (stalls of
+    # up to 2 s, clouds lost before the subscription saw them). The node's executor must not.
+    factory = FakeFactory(busy_s=0.06)
+    node, pub, dets, _, _ = start_node(ros, factory)
+    dispatches = []
+    inner = ros.executor.wait_for_ready_callbacks
+
+    def counting(*args, **kwargs):
+        handler, entity, n = inner(*args, **kwargs)
+        if entity is node._sub:
+            dispatches.append(time.monotonic())
+        return handler, entity, n
+
+    ros.executor.wait_for_ready_callbacks = counting
+    try:
+        for i in range(20):
+            pub.publish(cloud_msg(stamp_ns=(i + 1) * 100_000_000, n=2000))
+            time.sleep(0.05)
+        assert wait_for(lambda: node._pending is None and node.stats.processed >= 3)
+        time.sleep(0.2)
+    finally:
+        ros.executor.wait_for_ready_callbacks = inner
+    received = node.stats.received
+    assert received >= 10
+    assert len(dispatches) <= received + 2, f"{len(dispatches)} dispatches for {received} clouds"
+
+
 def test_no_subscribers_skips_inference_but_counts_input(ros):
     factory = FakeFactory()
     topic = "/" + unique("cloud")

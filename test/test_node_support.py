@@ -36,9 +36,10 @@ class FakePipeline:
     """Stands in for DetectionPipeline: really decodes the cloud (so malformed input raises the
     real PointCloudError), then reports one "car" box centred on the points' centroid."""
 
-    def __init__(self, options: dict, delay_s: float = 0.0) -> None:
+    def __init__(self, options: dict, delay_s: float = 0.0, busy_s: float = 0.0) -> None:
         self.options = dict(options)
         self.delay_s = delay_s
+        self.busy_s = busy_s  # Python work holding the GIL, as a network forward does between ops
         self.calls: list[int] = []  # stamp_ns of every cloud detected, in order
         self.updates: list[dict] = []
         self.backend = f"fake-{options.get('device')}"
@@ -50,6 +51,9 @@ class FakePipeline:
         self.calls.append(cloud.stamp_ns)
         if self.delay_s:
             time.sleep(self.delay_s)
+        end = time.perf_counter() + self.busy_s
+        while time.perf_counter() < end:
+            sum(range(200))
         if len(cloud) == 0:
             return FakeDetections(np.zeros((0, 7), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32), [])
         c = cloud.points[:, :3].mean(axis=0)
@@ -65,8 +69,9 @@ class FakePipeline:
 class FakeFactory:
     """pipeline_factory for DetectorNode: records builds; weights named 'missing*' fail like real ones."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, busy_s: float = 0.0) -> None:
         self.delay_s = delay_s
+        self.busy_s = busy_s
         self.built: list[FakePipeline] = []
 
     def __call__(self, options: dict) -> FakePipeline:
@@ -75,7 +80,7 @@ class FakeFactory:
             raise WeightsError(f"weights file not found: {weights}")
         if options.get("model") == "no_such_model":
             raise ConfigError("model config not found: no_such_model")
-        p = FakePipeline(options, self.delay_s)
+        p = FakePipeline(options, self.delay_s, self.busy_s)
         self.built.append(p)
         return p
 
@@ -98,11 +103,12 @@ class RosHarness:
     def __init__(self) -> None:
         import rclpy
         from rclpy.context import Context
-        from rclpy.executors import MultiThreadedExecutor
 
         self.context = Context()
         rclpy.init(context=self.context)
-        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        from livox_infer.node import create_executor
+
+        self.executor = create_executor(self.context)  # what the node spins in
         self.nodes = []
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
