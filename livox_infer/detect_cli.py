@@ -84,8 +84,11 @@ def _box_corners(box: np.ndarray) -> np.ndarray:
     return loc @ np.array([[c, s], [-s, c]]) + [x, y]
 
 
-def save_bev_png(path: Path, points: np.ndarray, det, extent: tuple[float, float, float, float], title: str = "") -> None:
-    """Points (coloured by height) and detected boxes (class colour, heading tick) seen from above."""
+def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[str], scores: np.ndarray,
+                 extent: tuple[float, float, float, float], title: str = "", gt=None) -> None:
+    """Points (coloured by height) and boxes (class colour, heading tick, "cls score") seen from above.
+
+    ``gt`` = (boxes, names, ignored) adds labelled boxes, dashed (grey where ignored)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,7 +100,11 @@ def save_bev_png(path: Path, points: np.ndarray, det, extent: tuple[float, float
     p = points[sel]
     ax.scatter(p[:, 1], p[:, 0], s=0.3, c=p[:, 2], cmap="viridis", vmin=np.percentile(p[:, 2], 2) if len(p) else 0,
                vmax=np.percentile(p[:, 2], 98) if len(p) else 1, linewidths=0)
-    for box, name, score in zip(det.boxes, det.label_names, det.scores):
+    if gt is not None:
+        for box, name, ignored in zip(*gt):
+            c = _box_corners(box)
+            ax.plot(c[:, 1], c[:, 0], color="0.6" if ignored else CLASS_COLORS.get(name, "black"), lw=0.9, ls="--")
+    for box, name, score in zip(boxes, names, scores):
         c = _box_corners(box)
         color = CLASS_COLORS.get(name, "black")
         ax.plot(c[:, 1], c[:, 0], color=color, lw=1.2)
@@ -160,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
             }
             out.write(json.dumps(row) + "\n")
             if bev_dir:
-                save_bev_png(bev_dir / f"frame_{n:06d}.png", cloud.points, det,
+                save_bev_png(bev_dir / f"frame_{n:06d}.png", cloud.points, det.boxes, det.label_names, det.scores,
                              extent, f"{source} #{n}  {len(det)} boxes  {det.timings_ms['total']:.1f} ms")
             if writer is not None:
                 from livox_infer.pointcloud import encode_pointcloud2

@@ -156,10 +156,12 @@ class DetectionPipeline:
         aoti_package: str | Path | None = None,
         test_time_flip: bool = False,
         refine: bool = True,
+        bev_extent: Any = None,
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
-                                aoti_package=aoti_package, test_time_flip=bool(test_time_flip))
+                                aoti_package=aoti_package, test_time_flip=bool(test_time_flip),
+                                bev_extent=None if bev_extent is None else tuple(bev_extent))
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
@@ -172,6 +174,8 @@ class DetectionPipeline:
     def _build_network(self) -> None:
         p = self._net_params
         self.cfg = p["model"] if isinstance(p["model"], ModelConfig) else ModelConfig.load(p["model"])
+        if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
+            self.cfg = self.cfg.with_extent(p["bev_extent"])
         dev = p["device"]
         if dev not in ("auto", "cpu", "cuda") and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
@@ -248,7 +252,7 @@ class DetectionPipeline:
     def update(self, **params: Any) -> None:
         """Change parameters at run time. model/weights/device/compile/cuda_graphs rebuild the network;
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
-        net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip"}
+        net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections", "refine",
@@ -348,6 +352,11 @@ class DetectionPipeline:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def reset_ground(self) -> None:
+        """Forget the ground estimates of earlier clouds ("auto" mode smooths over them): the next cloud
+        is an independent scene (evaluation over unrelated scans, a new bag)."""
+        self._mount_history.clear()
 
     def current_mount(self, points: np.ndarray) -> Mount:
         """The ground plane to level this cloud with (fixed, or estimated and median-smoothed)."""

@@ -101,6 +101,29 @@ class ModelConfig:
         """(H, W) of the head outputs."""
         return self.grid.height // self.out_stride, self.grid.width // self.out_stride
 
+    def with_extent(self, extent: Any) -> "ModelConfig":
+        """The same model on another BEV extent (x_min, x_max, y_min, y_max) in metres, e.g. a per-sensor
+        grid: weights load unchanged (`weights.extent_free`). Each side must be a whole number of
+        ``EXTENT_QUANTUM`` (the network's coarsest cell) and the grid ahead of the sensor may start behind it."""
+        try:
+            x0, x1, y0, y1 = (float(v) for v in extent)
+        except (TypeError, ValueError):
+            raise ConfigError(f"BEV extent must be 4 numbers (x_min, x_max, y_min, y_max), got {extent!r}") from None
+        q = self.extent_quantum
+        for v in (x0, x1, y0, y1):
+            if not abs(v) <= 1000.0 or abs(v / q - round(v / q)) > 1e-6:
+                raise ConfigError(f"BEV extent values must be multiples of {q:g} m within ±1000 m, got {extent!r}")
+        if not (x1 > x0 and y1 > y0):
+            raise ConfigError(f"BEV extent needs x_min < x_max and y_min < y_max, got {extent!r}")
+        import dataclasses
+
+        return dataclasses.replace(self, grid=dataclasses.replace(self.grid, x_range=(x0, x1), y_range=(y0, y1)))
+
+    @property
+    def extent_quantum(self) -> float:
+        """Metres per cell of the network's coarsest feature map: BEV extents are whole numbers of it."""
+        return round(self.grid.cell_size * self.stem_stride * (1 << len(self.stage_channels)), 6)
+
     def architecture(self) -> dict[str, Any]:
         """What the weights depend on; stored with them and checked at load."""
         return {

@@ -145,15 +145,20 @@ def evaluate(
     detections: Sequence[FrameBoxes], ground_truth: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
     min_points: int = DEFAULT_MIN_POINTS, region: tuple[float, float, float, float] | None = None,
     metrics: Iterable[str] = ("bev", "3d"), range_bin: tuple[float, float] | None = None,
+    gt_ignore: Sequence[np.ndarray] | None = None,
 ) -> EvalResult:
     """AP per class over aligned lists of frames. ``region`` = (x_min, x_max, y_min, y_max) or None.
 
     ``range_bin`` = (lo, hi) metres: only objects whose centre lies at that BEV distance from the sensor
     count, the way ``region`` restricts them (GT outside is ignored, detections outside are dropped),
     so a detection just inside the bin that matches a GT just outside is neither TP nor FP.
-    GT ``num_points`` None means "unknown": then no GT is ignored for having few points."""
+    GT ``num_points`` None means "unknown": then no GT is ignored for having few points.
+    ``gt_ignore`` (one (M,) bool array per frame, or None) marks further GT boxes as ignored (e.g. a van
+    for the car class: a detection on it is neither TP nor FP)."""
     if len(detections) != len(ground_truth):
         raise ConfigError(f"{len(detections)} detection frames but {len(ground_truth)} ground-truth frames")
+    if gt_ignore is not None and len(gt_ignore) != len(ground_truth):
+        raise ConfigError(f"{len(gt_ignore)} ignore masks but {len(ground_truth)} ground-truth frames")
     res = EvalResult(num_frames=len(ground_truth))
     for ci, cls in enumerate(classes):
         thresholds = IOU_THRESHOLDS.get(cls, (0.5, 0.25))
@@ -161,10 +166,12 @@ def evaluate(
         for metric in metrics:
             for thr in thresholds:
                 all_scores, all_tp, n_gt, n_ign = [], [], 0, 0
-                for det, gt in zip(detections, ground_truth):
+                for k, (det, gt) in enumerate(zip(detections, ground_truth)):
                     gsel = gt.labels == ci
                     gb = gt.boxes[gsel]
                     ignore = ~(in_region(gb, region) & in_range_bin(gb, range_bin))
+                    if gt_ignore is not None:
+                        ignore |= np.asarray(gt_ignore[k], bool).reshape(-1)[gsel]
                     if gt.num_points is not None:
                         ignore |= gt.num_points[gsel] < min_points
                     dsel = (det.labels == ci) & in_region(det.boxes, region) & in_range_bin(det.boxes, range_bin)
@@ -337,7 +344,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranges", default=None, metavar="EDGES",
                    help="also report AP per range bin of the object's BEV distance from the sensor, e.g. "
                         "'0,20,40,inf' (pooled over sensors; GT and detections outside a bin are left out)")
+    p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
+                   help="run the network on this BEV extent in metres (multiples of 3.2 for lite) instead of the "
+                        "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")
     p.add_argument("--out", help="write the results as JSON here")
+    from livox_infer.evaluation.real import add_arguments as add_real_arguments
+
+    add_real_arguments(p)
 
 
 def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
@@ -398,6 +411,10 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
+        if args.real:
+            from livox_infer.evaluation.real import main_real
+
+            return main_real(args, lambda: _pipeline(args))
         if args.sim_frames:
             return _main_sim(args)
         if not args.input:
@@ -422,13 +439,7 @@ def main(args: argparse.Namespace) -> int:
                 from livox_infer.bag import read_clouds
 
                 clouds = {c.stamp_ns: c for _, c in read_clouds(args.input, args.cloud_topic)}
-            from livox_infer.pipeline import DetectionPipeline
-
-            sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
-            pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device,
-                                     compile=not args.no_compile, sensor_height=sh,
-                                     score_thresholds=_score_thresholds(args.score_threshold),
-                                     test_time_flip=args.test_time_flip, refine=not args.no_refine)
+            pipe = _pipeline(args)
             dets = []
             for stamp, cloud in clouds.items():
                 d = pipe.detect(cloud)
@@ -466,20 +477,28 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
+def _pipeline(args: argparse.Namespace):
+    """The detection pipeline the eval options describe."""
+    from livox_infer.pipeline import DetectionPipeline
+
+    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    return DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
+                             test_time_flip=args.test_time_flip, refine=not args.no_refine,
+                             bev_extent=getattr(args, "bev_extent", None))
+
+
 def _main_sim(args: argparse.Namespace) -> int:
     from livox_infer.model.config import ModelConfig
-    from livox_infer.pipeline import DetectionPipeline
 
     cfg = ModelConfig.load(args.model)
     region = tuple(args.region) if args.region else cfg.grid.region
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
-    pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
-                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
-                             test_time_flip=args.test_time_flip, refine=not args.no_refine)
+    pipe = _pipeline(args)
 
     def model_fn(points):
-        pipe._mount_history.clear()  # independent scenes: no smoothing across frames
+        pipe.reset_ground()  # independent scenes: no smoothing across frames
         d = pipe.detect(points)
         return d.boxes, d.labels, d.scores
 

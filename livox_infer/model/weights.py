@@ -76,6 +76,15 @@ def _check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
             raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
 
 
+def extent_free(arch: dict) -> dict:
+    """An architecture dict without the grid's x/y extent: the network is convolutional, so the same
+    weights run on any BEV extent (a per-sensor grid); cell size, z range and channels still must match."""
+    out = dict(arch)
+    if isinstance(out.get("grid"), dict):
+        out["grid"] = {k: v for k, v in out["grid"].items() if k not in ("x_range", "y_range")}
+    return out
+
+
 def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str) -> None:
     """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
     state = _read_state(path, map_location)
@@ -106,7 +115,10 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
             theirs = json.loads(meta.get("architecture", "{}"))
         except json.JSONDecodeError:
             theirs = {}
-        diff = _differing_keys(cfg.architecture(), theirs)
+        diff = _differing_keys(extent_free(cfg.architecture()), extent_free(theirs if isinstance(theirs, dict) else {}))
+    else:
+        diff = []
+    if diff or meta.get("architecture_hash") is None:
         raise WeightsError(
             f"{path} was trained for a different model config than {cfg.source or cfg.name} "
             f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"

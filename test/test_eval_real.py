@@ -1,0 +1,164 @@
+"""Real-scan evaluation (`livox-infer eval --real DIR`): views, ignore rules, AP; shipped weights on real_dev."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SHARED_DATA
+from livox_infer.errors import ConfigError
+from livox_infer.evaluation.real import (
+    detect_views, evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
+)
+from livox_infer.model.evaluate import FrameBoxes
+
+REAL_DEV = SHARED_DATA / "real_dev"
+
+
+def _box(label, x, y, yaw=0.0, l=4.0, w=1.8, h=1.5):
+    return {"label": label, "x": x, "y": y, "z": -1.0, "l": l, "w": w, "h": h, "yaw": yaw}
+
+
+def _cloud_around(boxes, n=40, seed=0):
+    """Points filling each box (so every box has >= 5 points) plus a ring of far ground points."""
+    rng = np.random.default_rng(seed)
+    pts = []
+    for b in boxes:
+        c, s = math.cos(b["yaw"]), math.sin(b["yaw"])
+        u = rng.uniform(-0.4, 0.4, (n, 3)) * [b["l"], b["w"], b["h"]]
+        pts.append(np.c_[b["x"] + c * u[:, 0] - s * u[:, 1], b["y"] + s * u[:, 0] + c * u[:, 1], b["z"] + u[:, 2]])
+    a = np.linspace(-math.pi, math.pi, 200)
+    pts.append(np.c_[30 * np.cos(a), 30 * np.sin(a), np.full_like(a, -1.7)])
+    p = np.concatenate(pts).astype(np.float32)
+    return np.c_[p, np.full(len(p), 50.0, np.float32)]
+
+
+@pytest.fixture
+def real_dir(tmp_path):
+    labels = {
+        # 360-degree scan: one car ahead, one behind, one to the left; a van ahead-right
+        "av2_a": [_box("car", 20, 0), _box("car", -20, 0, 0.3), _box("car", 0, 15, 1.2), _box("van", 25, -8)],
+        # front-only labels (90 deg): a car ahead and an unlabelled-region car behind (not scored)
+        "kitti_b": [_box("car", 15, 2, 0.1), _box("pedestrian", 12, -3, 0, 0.6, 0.6, 1.7), _box("car", 3, 0.5)],
+    }
+    labels["kitti_b"][2]["x"] = 2.0  # 2 m ahead: inside the cone, fills the test for points counting
+    for name, boxes in labels.items():
+        np.save(tmp_path / f"{name}.npy", _cloud_around(boxes))
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "av2_a": {"labelled_region": "360 deg (all around)"},
+        "kitti_b": {"labelled_region": "front camera field of view only (about 90 deg)"},
+    }))
+    return tmp_path, labels
+
+
+def test_turn_moves_a_heading_onto_x():
+    p = np.array([[0.0, 10.0, 1.0, 7.0]], np.float32)  # 10 m to the left
+    q = turn(p, 90.0)
+    np.testing.assert_allclose(q, [[10.0, 0.0, 1.0, 7.0]], atol=1e-5)
+    b = turn(np.array([[0.0, 10.0, 0, 4, 2, 1.5, math.pi / 2]], np.float32), 90.0, boxes=True)
+    np.testing.assert_allclose(b[0, [0, 1, 6]], [10.0, 0.0, 0.0], atol=1e-5)
+
+
+def test_cone_and_labelled_region():
+    xy = np.array([[10, 0], [10, 8], [10, 9], [90, 0], [-5, 0]], np.float32)  # 38.7 deg, 42 deg
+    assert in_cone(xy, 80.0, 80.0).tolist() == [True, True, False, False, False]
+    assert labelled_fov({"labelled_region": "front camera (image_2) field of view only (about 90 deg)"}) == 90.0
+    assert labelled_fov({"labelled_region": "360 deg (AV2 annotates ...)"}) == 360.0
+    assert labelled_fov(None) == 360.0
+
+
+def test_views_follow_the_labelled_region(real_dir):
+    root, _ = real_dir
+    views = load_real_dir(root, fov=80, max_range=80, headings=(0, 90, 180, 270))
+    got = [(v.frame, v.heading_deg) for v in views]
+    # the 360-degree scan gives 4 views, the front-only one just heading 0 (±40° lies inside ±45°)
+    assert got == [("av2_a", 0.0), ("av2_a", 90.0), ("av2_a", 180.0), ("av2_a", 270.0), ("kitti_b", 0.0)]
+    behind = views[2]  # heading 180: the car behind is now ahead, at +20 m
+    rel = behind.gt.boxes[~behind.gt_ignore]
+    np.testing.assert_allclose(rel[:, :2], [[20.0, 0.0]], atol=1e-4)
+    assert (behind.points[:, 0] >= 0).all()
+    ahead = views[0]
+    # the van is an ignored car; the car behind and the one at 90 deg are outside the cone
+    assert ahead.gt_ignore.tolist() == [False, True, True, True]
+    with pytest.raises(ConfigError, match="no view"):
+        load_real_dir(root, fov=80, headings=(180,), frames=["kitti_b"])
+
+
+def test_perfect_detections_score_one_and_a_box_on_a_van_is_not_false(real_dir):
+    root, labels = real_dir
+    views = load_real_dir(root, fov=80, max_range=80, headings=(0, 90, 180, 270))
+    dets = []
+    for v in views:
+        keep = ~v.gt_ignore | (v.gt.num_points >= 5) & in_cone(v.gt.boxes, 80, 80)  # the van too
+        dets.append(FrameBoxes(v.gt.boxes[keep], v.gt.labels[keep], np.full(int(keep.sum()), 0.9)))
+    res = evaluate_views(views, dets)
+    assert set(res) == {"av2", "kitti", "all"}
+    assert res["all"].ap["car"]["bev@0.7"] == pytest.approx(1.0)
+    assert res["all"].ap["pedestrian"]["bev@0.5"] == pytest.approx(1.0)
+    assert res["all"].num_gt["car"] == 5  # av2: 3 views with a car ahead; kitti: 2
+    # a pedestrian box where the van is: a false positive (wrong class), AP drops
+    v0 = views[0]
+    van = v0.gt.boxes[3:4]
+    dets[0] = FrameBoxes(np.r_[dets[0].boxes, van], np.r_[dets[0].labels, [1]], np.r_[dets[0].scores, [0.95]])
+    r = evaluate_views(views, dets)["all"]
+    assert r.ap["pedestrian"]["bev@0.5"] < 1.0
+
+
+def test_eval_cli_real_writes_json(real_dir, tmp_path, capsys):
+    from livox_infer.cli import main
+
+    root, _ = real_dir
+    out = tmp_path / "real.json"
+    rc = main(["eval", "--real", str(root), "--no-compile", "--headings", "0,180", "--out", str(out),
+               "--bev-dir", str(tmp_path / "bev")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "real scans" in text and "car bev@0.5" in text
+    data = json.loads(out.read_text())
+    assert [v["heading"] for v in data["views"]] == [0.0, 180.0, 0.0]
+    assert set(data["model lite"]) == {"av2", "kitti", "all"}
+    assert len(list((tmp_path / "bev").glob("*.png"))) == 3
+
+
+# measured for the committed models/lite.safetensors on real_dev (docs/detector.md, "Real labelled scans"),
+# minus a margin: a regression on real points shows up here. Pedestrians (0.02-0.04) are too low to guard.
+REAL_MIN_AP = {("car", "bev@0.5"): 0.55, ("car", "bev@0.7"): 0.27}  # measured 0.600 / 0.324
+
+
+@pytest.mark.skipif(not (REAL_DEV / "labels.json").is_file(), reason="../shared/data/real_dev absent (CI has it)")
+def test_shipped_weights_on_real_dev():
+    from livox_infer.pipeline import DetectionPipeline
+
+    torch.set_num_threads(2)
+    views = load_real_dir(REAL_DEV)
+    assert sum(int((~v.gt_ignore & (v.gt.labels == 0)).sum()) for v in views) == 96  # cars scored (issue 16)
+    pipe = DetectionPipeline("lite", compile=False, sensor_height="auto", score_thresholds=0.1)
+
+    def fn(points):
+        pipe.reset_ground()
+        d = pipe.detect(points)
+        return d.boxes, d.labels, d.scores
+
+    res = evaluate_views(views, detect_views(views, fn))["all"]
+    for (cls, key), lo in REAL_MIN_AP.items():
+        assert res.ap[cls][key] >= lo, f"{cls} {key} {res.ap[cls][key]:.3f} < {lo}"
+
+
+def test_shipped_weights_run_on_a_larger_bev_extent():
+    """The network is convolutional: the same weights load for a per-sensor extent (80 m, ±40° cone)."""
+    from livox_infer.model.config import ModelConfig
+    from livox_infer.pipeline import DetectionPipeline
+
+    pipe = DetectionPipeline("lite", compile=False, bev_extent=(0, 80, -51.2, 51.2))
+    assert pipe.cfg.grid.shape[1:] == (256, 200)
+    pts = _cloud_around([_box("car", 70, 0)])
+    det = pipe.detect(pts)
+    assert det.boxes.shape[1] == 7
+    cfg = ModelConfig.load("lite")
+    with pytest.raises(ConfigError, match="multiples of 3.2"):
+        cfg.with_extent((0, 81, -51.2, 51.2))
+    with pytest.raises(ConfigError, match="x_min < x_max"):
+        cfg.with_extent((80, 0, -51.2, 51.2))
