@@ -207,3 +207,23 @@ def test_test_time_flip_mirrors_consistently(small_model, tmp_path, xy_offsets):
     assert not np.allclose(np.sort(plain.detect(pts).scores)[-5:], np.sort(a.scores)[-5:])  # it does change scores
     pipe.update(test_time_flip=False)
     assert np.allclose(np.sort(pipe.detect(pts).scores), np.sort(plain.detect(pts).scores))
+
+
+@pytest.mark.parametrize("value", [1e30, -1e30, 1e9, 3e8])
+def test_one_point_with_a_huge_intensity_leaves_the_frame_intact(value):
+    """Hardening: one byte-flipped intensity on a car once broke stage 2 (IndexError, or a 9.7 GB map)."""
+    from livox_infer.sim.simulate import simulate_frame
+
+    f = simulate_frame("avia", 5, scene="street")
+    pipe = DetectionPipeline("lite", compile=False, sensor_height=float(f.sensor_height))
+    ref = pipe.detect(f.points)
+    car = f.boxes[f.labels == 0][0]
+    pts = f.points[(f.points[:, :3] != 0).any(axis=1)].copy()
+    near = np.argmin(np.linalg.norm(pts[:, :2] - car[:2], axis=1))
+    pts[near, 3] = value
+    det = pipe.detect(pts)
+    assert np.isfinite(det.boxes).all()
+    assert abs(len(det) - len(ref)) <= 2
+    if value > 0:
+        pts[:, 3] = value  # every point
+        assert np.isfinite(pipe.detect(pts).boxes).all()

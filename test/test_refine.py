@@ -357,3 +357,30 @@ def test_train_refine_stage_errors(trained_detector, which, message, capsys):
                  *(["--init", str(root / "det.safetensors")] if which == "plain" else []))
     assert train_mod.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_hostile_intensity_and_residuals_stay_bounded():
+    """One point with a huge intensity must not carry a refined box (and the maps sized from boxes) away."""
+    import math
+
+    from livox_infer.model.refine import MOVE_LIMIT, apply_residuals, roi_point_features
+
+    box = torch.tensor([[10.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0]])
+    pts = torch.tensor([[10.0, 0.2, 0.8, 1e30], [10.5, -0.3, 0.5, 3e8], [9.5, 0.1, 1.0, -5.0]])
+    feats, valid = roi_point_features(pts, box, 8, 0.5, 255.0)
+    assert valid.sum() == 3
+    assert feats[..., 6][valid].min() >= 0.0 and feats[..., 6][valid].max() <= 1.0  # clamped like the voxelizer
+    wild = torch.tensor([[1e30, -1e30, float("nan"), 50.0, -50.0, float("inf"), 1e9]])
+    out = apply_residuals(box, wild)
+    assert torch.isfinite(out).all()
+    assert (out[0, :2] - box[0, :2]).abs().max() <= MOVE_LIMIT * 4.0 + 1e-4
+    assert abs(float(out[0, 6])) <= math.pi / 2 + 1e-6
+
+
+def test_prefilter_map_is_capped_for_boxes_far_apart():
+    from livox_infer.model.refine import _near_any_box
+
+    boxes = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.0], [3e6, 3e6, 0.0, 4.0, 2.0, 1.5, 0.0]])
+    pts = torch.tensor([[0.5, 0.0, 0.0, 1.0], [50.0, 50.0, 0.0, 1.0]])
+    idx = _near_any_box(pts, boxes, 0.5)  # would otherwise allocate a 3e6 x 3e6 map
+    assert set(idx.tolist()) >= {0}

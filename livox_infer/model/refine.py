@@ -23,6 +23,7 @@ always gives the same result. Trained with the detector frozen: `livox-infer tra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,8 @@ from torch import nn
 from livox_infer.model.boxes import axis_angle, bev_iou
 
 POINT_FEATURES = 7  # u, v, w normalised to the enlarged box, u, v, w in metres, intensity / full scale
+MOVE_LIMIT = 1.0  # residual moves are clamped to one box length / width / height per refinement step
+MAX_PREFILTER_CELLS = 1 << 22  # the coarse map of `_near_any_box` (1 m cells) never exceeds this
 LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement step changes a size by <= e
 # a candidate is a positive for the box regression when it overlaps its object by this BEV IoU (per class
 # name; others 0.3): cars need an overlap that refining can finish, small objects overlap less at all
@@ -89,6 +92,8 @@ def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell
     first = torch.floor((boxes[:, :2] - reach[:, None] - lo) / cell).long()  # (R, 2) first cell of each square
     last = torch.floor((boxes[:, :2] + reach[:, None] - lo) / cell).long()
     size = last.max(dim=0).values + 1  # (2,) map width (x), height (y)
+    if int(size[0]) * int(size[1]) > MAX_PREFILTER_CELLS:  # boxes spread absurdly far: no map, all points
+        return torch.arange(points.shape[0], device=points.device)
     span = int((last - first).max()) + 1
     offs = torch.arange(span, device=points.device)
     cx = first[:, 0:1] + offs  # (R, span)
@@ -130,7 +135,7 @@ def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int
     pick = lambda t: t.gather(1, idx)  # noqa: E731
     pu, pv, pw = pick(u), pick(v), pick(w)
     f = torch.stack([pu / half[:, 0:1], pv / half[:, 1:2], pw / half[:, 2:3], pu, pv, pw,
-                     points[:, 3][idx] / intensity_scale], dim=-1)
+                     (points[:, 3][idx] / intensity_scale).clamp(0.0, 1.0)], dim=-1)  # as the voxelizer clamps
     feats[:, :k] = f * ok[..., None]
     valid[:, :k] = ok
     return feats, valid
@@ -238,12 +243,16 @@ class RoiRefiner(nn.Module):
 
 def apply_residuals(boxes: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """Candidate boxes (R, 7) moved by residuals (R, 7) [du/l, dv/w, dz/h, log l'/l, log w'/w, log h'/h, dyaw]."""
+    # bounded: a move of more than one box length (or a turn past a right angle) is never a refinement,
+    # and an unbounded one (a hostile point's feature) would carry the box, and every size derived from it, away
+    residual = torch.nan_to_num(residual, nan=0.0, posinf=0.0, neginf=0.0)
     c, s = torch.cos(boxes[:, 6]), torch.sin(boxes[:, 6])
-    du, dv = residual[:, 0] * boxes[:, 3], residual[:, 1] * boxes[:, 4]
+    move = residual[:, 0:3].clamp(-MOVE_LIMIT, MOVE_LIMIT)
+    du, dv = move[:, 0] * boxes[:, 3], move[:, 1] * boxes[:, 4]
     size = boxes[:, 3:6] * torch.exp(residual[:, 3:6].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     return torch.stack([boxes[:, 0] + c * du - s * dv, boxes[:, 1] + s * du + c * dv,
-                        boxes[:, 2] + residual[:, 2] * boxes[:, 5], size[:, 0], size[:, 1], size[:, 2],
-                        boxes[:, 6] + residual[:, 6]], dim=1)
+                        boxes[:, 2] + move[:, 2] * boxes[:, 5], size[:, 0], size[:, 1], size[:, 2],
+                        boxes[:, 6] + residual[:, 6].clamp(-math.pi / 2, math.pi / 2)], dim=1)
 
 
 def encode_residuals(boxes: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
