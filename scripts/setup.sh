@@ -97,18 +97,27 @@ install_package() {
 }
 
 # An editable install installs no data_files, so lay out what `pip install .` (and colcon) would install,
-# as links into the source tree: the ament index marker, share/livox_infer/{package.xml,launch,config,models}
+# linked into the source tree: the ament index marker, share/livox_infer/{package.xml,launch,config,models}
 # and lib/livox_infer/detector_node, where `ros2 run`/`ros2 launch` and ament_index_python look.
+# launch/config/models are real directories of per-file links: ros2launch finds launch files with os.walk,
+# which does not enter symlinked directories (a directory link made `ros2 launch livox_infer ...` fail).
+# Rebuilt on every setup, so files added to the source tree appear after the next `make setup`.
 link_ros_layout() {
     local share="$VENV/share/livox_infer"
     mkdir -p "$share" "$VENV/share/ament_index/resource_index/packages" "$VENV/lib/livox_infer"
     cp resource/livox_infer "$VENV/share/ament_index/resource_index/packages/livox_infer"
-    for item in package.xml launch config models; do
-        # A real directory here was copied by an earlier non-editable install: replace it by the link.
-        if [ -e "$share/$item" ] && [ ! -L "$share/$item" ]; then rm -rf "${share:?}/$item"; fi
-        ln -sfn "$REPO_ROOT/$item" "$share/$item"
+    ln -sfn "$REPO_ROOT/package.xml" "$share/package.xml"
+    for item in launch config models; do
+        rm -rf "${share:?}/$item"
+        cp -rs "$REPO_ROOT/$item" "$share/$item"
     done
     install -m 0755 resource/detector_node "$VENV/lib/livox_infer/detector_node"
+    # `source .venv/bin/activate` must find the ament index without further exports
+    local marker="# livox_infer: ament index of this venv"
+    if ! grep -qF "$marker" "$VENV/bin/activate"; then
+        printf '\n%s\ncase ":${AMENT_PREFIX_PATH:-}:" in *":$VIRTUAL_ENV:"*) ;; *) export AMENT_PREFIX_PATH="$VIRTUAL_ENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}" ;; esac\n' \
+            "$marker" >> "$VENV/bin/activate"
+    fi
 }
 
 # ---------------------------------------------------------------- 5. interface packages

@@ -230,6 +230,32 @@ def test_venv_has_the_ros_layout():
 
 
 @needs_setup_venv
+def test_ros2_launch_finds_the_launch_file_by_walking_the_share_dir():
+    """ros2launch looks for `detect.launch.py` with os.walk(share dir), which skips directory symlinks."""
+    share = PREFIX / "share" / "livox_infer"
+    found = [Path(root) / name for root, _, files in os.walk(share) for name in files]
+    names = {p.name for p in found}
+    assert {"detect.launch.py", "avia.yaml", "lite.yaml", "lite.safetensors"} <= names
+    for kind in ("launch", "config", "models"):
+        assert not (share / kind).is_symlink(), f"{share / kind} is a directory link: os.walk skips it"
+
+
+@needs_setup_venv
+def test_activating_the_venv_finds_the_ament_index():
+    """After `source .venv/bin/activate` (the README's step) the package resolves with no further export."""
+    code = ("from ament_index_python.packages import get_package_share_directory as g; "
+            "print(g('livox_infer'))")
+    env = {k: v for k, v in os.environ.items() if k != "AMENT_PREFIX_PATH"}
+    out = subprocess.run(["bash", "-c", f'source "{PREFIX}/bin/activate" && python -c "{code}" && '
+                                        'source "$VIRTUAL_ENV/bin/activate" && echo "$AMENT_PREFIX_PATH"'],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    share, prefixes = out.stdout.split()
+    assert Path(share) == PREFIX / "share" / "livox_infer"
+    assert prefixes == str(PREFIX)  # activating twice adds it once
+
+
+@needs_setup_venv
 def test_setup_script_is_idempotent_and_fast():
     env = {**os.environ, "SKIP_APT": "1", "LIVOX_INFER_VENV": str(PREFIX)}
     env.pop("FORCE", None)
