@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
+from livox_infer.pointcloud import check_pointcloud2
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
@@ -354,6 +355,15 @@ class DetectorNode(Node):
 
     # ------------------------------------------------------------------ input
     def _on_cloud(self, msg) -> None:
+        # validate the layout before the message may take the one queue slot: junk must never displace a
+        # valid cloud that waits for the worker (it is rejected here, counted and warned about, throttled)
+        try:
+            check_pointcloud2(msg)
+        except PointCloudError as exc:
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(str(exc))
+            return
         self._offer(msg)
 
     def _on_custom_msg(self, raw: bytes) -> None:

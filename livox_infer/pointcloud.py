@@ -432,8 +432,11 @@ def filter_columns(columns: np.ndarray, tag: np.ndarray | None = None, filters: 
     return _take(points, keep), keep
 
 
-def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Cloud:
-    """Decode a PointCloud2-shaped object into a :class:`Cloud` (see module docstring)."""
+def check_pointcloud2(msg: Any):
+    """Header, geometry, fields and data size of a PointCloud2-shaped object, without reading any point:
+    raises PointCloudError for a cloud `decode_pointcloud2` would reject for its layout. Cheap enough for a
+    subscription callback (a malformed cloud must not take a valid one's place in the node's queue).
+    Returns (stamp_ns, frame_id, geometry, plan, buffer) for the decoder."""
     stamp_ns, frame_id = _header(msg)
     height, width, point_step, row_step = _geometry(msg)
     try:
@@ -441,11 +444,20 @@ def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Clou
     except AttributeError:
         raise PointCloudError(f"object of type {type(msg).__name__} has no 'fields'") from None
     plan = _make_plan(_field_key(raw_fields), point_step)
-    buf = _as_bytes_buffer(msg.data)
+    try:
+        buf = _as_bytes_buffer(msg.data)
+    except AttributeError:
+        raise PointCloudError(f"object of type {type(msg).__name__} has no 'data'") from None
     if buf.size != row_step * height:
         raise PointCloudError(
             f"PointCloud2.data has {buf.size} bytes but row_step*height = {row_step}*{height} = {row_step * height}"
         )
+    return stamp_ns, frame_id, (height, width, point_step, row_step), plan, buf
+
+
+def decode_pointcloud2(msg: Any, *, filters: DecodeFilter | None = None) -> Cloud:
+    """Decode a PointCloud2-shaped object into a :class:`Cloud` (see module docstring)."""
+    stamp_ns, frame_id, (height, width, point_step, row_step), plan, buf = check_pointcloud2(msg)
     n = height * width
     if n == 0:
         return Cloud(np.zeros((0, 4), np.float32), None if plan.time is None else np.zeros(0, np.float64),

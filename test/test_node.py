@@ -157,6 +157,25 @@ def test_malformed_clouds_are_counted_and_survived(ros):
     assert "rejected" in status.message
 
 
+def test_malformed_clouds_never_displace_a_waiting_valid_one(ros):
+    """Junk is rejected in the callback: a valid cloud waiting for the busy worker is still processed."""
+    factory = FakeFactory(delay_s=0.4)
+    node, pub, dets, _, _ = start_node(ros, factory)
+    pipeline = factory.built[0]
+    bad, _, _ = malformed_clouds()
+    deliver(pub, cloud_msg(stamp_ns=1_000_000_000, n=20), node)  # the worker is busy with it now
+    waiting = 2_000_000_000
+    before = node.stats.received
+    pub.publish(cloud_msg(stamp_ns=waiting, n=20))
+    assert wait_for(lambda: node.stats.received > before)
+    rejected = node.stats.rejected
+    for msg in bad.values():
+        pub.publish(msg)
+    assert wait_for(lambda: node.stats.rejected >= rejected + 1, timeout_s=3)
+    assert wait_for(lambda: waiting in pipeline.calls, timeout_s=5), (pipeline.calls, node.stats)
+    assert node.stats.dropped == 0, node.stats
+
+
 def test_latest_frame_only_under_a_slow_pipeline(ros):
     factory = FakeFactory(delay_s=0.25)
     node, pub, dets, _, _ = start_node(ros, factory)
