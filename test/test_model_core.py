@@ -216,6 +216,24 @@ def test_weights_rejects_tampered_tensors(tmp_path):
         load_weights(net, cfg, bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_weights_rejects_tensors_of_another_dtype(tmp_path, dtype):
+    """Hardening: a file with the right names and shapes but float16 / float64 / int64 tensors was cast silently."""
+    from safetensors.torch import save_file
+
+    from livox_infer.model.weights import read_metadata
+
+    cfg = small_config()
+    net = build_model(cfg)
+    good = tmp_path / "good.safetensors"
+    save_weights(net, cfg, good)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v.to(torch.int32)) for k, v in net.state_dict().items()}
+    bad = tmp_path / "bad.safetensors"
+    save_file(state, str(bad), metadata=read_metadata(good))
+    with pytest.raises(WeightsError, match="wrong dtype"):
+        load_weights(net, cfg, bad)
+
+
 # --------------------------------------------------------------------------- AP
 
 

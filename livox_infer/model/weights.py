@@ -92,10 +92,13 @@ def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location:
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     bad = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
-    if missing or extra or bad:
+    # dtypes exactly: load_state_dict would silently cast an int64 / float16 / float64 file into the network
+    wrong_dtype = sorted(k for k in set(expected) & set(state) if expected[k].dtype != state[k].dtype)
+    if missing or extra or bad or wrong_dtype:
         raise WeightsError(
             f"{path} does not match the network of {cfg.source or cfg.name}: "
-            f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}"
+            f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}, "
+            f"wrong dtype {[f'{k}: {state[k].dtype}' for k in wrong_dtype[:5]]}"
         )
     _check_finite(state, path)
     model.load_state_dict(state)
