@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from livox_infer.errors import LivoxInferError
+
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("livox_infer.sim.cli", "simulate Livox scans with ground truth into a rosbag2"),
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(args._module)
-    return int(module.main(args) or 0)
+    try:
+        return int(module.main(args) or 0)
+    except LivoxInferError as exc:  # a typed error the command did not report itself: one line, no traceback
+        name = " ".join(x for x in (args.command, getattr(args, "target", None)) if x)
+        print(f"livox-infer {name}: {exc}", file=sys.stderr)
+        return 2
 
 if __name__ == "__main__":
     sys.exit(main())

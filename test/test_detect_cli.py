@@ -52,3 +52,12 @@ def test_detect_errors_are_reported_not_raised(small_model, tmp_path, capsys):  
     assert run([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.jsonl"), "--model", str(small_model),
                 "--no-compile"]) == 2
     assert run([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.jsonl"), "--sensor-height", "tall"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: cuda is a valid device here")
+def test_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys):
+    from livox_infer.cli import main
+
+    assert main(["bench", "voxelize", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("livox-infer bench voxelize: ") and "no GPU" in err[0]
