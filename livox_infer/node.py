@@ -654,7 +654,22 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
             return 2
     else:
         ros_argv = list(sys.argv if args is None else args)
+        # -h/--help before any --ros-args: print the node's contract instead of starting it
+        user = ros_argv[1:ros_argv.index("--ros-args")] if "--ros-args" in ros_argv else ros_argv[1:]
+        if "-h" in user or "--help" in user:
+            print(node_help())
+            return 0
     return spin_node(ros_argv)
+
+
+def node_help() -> str:
+    """`detector_node --help`: usage and every parameter with its default and meaning."""
+    lines = ["usage: ros2 run livox_infer detector_node [--ros-args -p NAME:=VALUE ... | --params-file FILE]",
+             "       ros2 launch livox_infer detect.launch.py sensor:=avia", "", "parameters:"]
+    for p in PARAMS:
+        lines.append(f"  {p.name} (default {p.default!r})")
+        lines.append(f"      {p.description}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,16 @@ class Collector:
     def __init__(self, node, msg_type, topic: str, depth: int = 100) -> None:
         self.msgs = []
         self.sub = node.create_subscription(msg_type, topic, self.msgs.append, depth)
+
+
+def test_detector_node_help_prints_the_parameters_and_does_not_start():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys; from livox_infer.node import main; sys.exit(main())",
+                          "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: ros2 run livox_infer detector_node")
+    from livox_infer.node import PARAMS
+
+    assert all(f"  {p.name} (default" in out.stdout for p in PARAMS)
