@@ -274,6 +274,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
     if args.out:
         out = {"real": str(args.real), "fov": args.fov, "range": args.max_range, "headings": parse_headings(args.headings),
                "min_points": args.min_points, "score_threshold": args.score_threshold, "refine": not args.no_refine,
+               "bev_extent": getattr(args, "bev_extent", None),
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
