@@ -343,3 +343,16 @@ def test_train_rejects_bad_sim_option(tiny_dataset, tmp_path, capsys):
     args, _ = _fresh_run(tiny_dataset, tmp_path, sim_option=["n_cyclists"])
     assert train_mod.main(args) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_train_without_out_writes_into_the_work_dir_not_next_to_the_config(tiny_dataset, tmp_path):
+    """The README's train command once overwrote models/lite.safetensors: the default is the work dir."""
+    args, work = _fresh_run(tiny_dataset, tmp_path, out=None)
+    cfg_dir = tiny_dataset[1].parent
+    before = sorted(p.name for p in cfg_dir.glob("*.safetensors"))
+    assert train_mod.main(args) == 0
+    assert sorted(p.name for p in cfg_dir.glob("*.safetensors")) == before
+    best = list(work.glob("*.best.safetensors"))
+    assert len(best) == 1
+    _, meta = _tensors(best[0])
+    assert meta["trained"] == "yes"

@@ -428,7 +428,8 @@ def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
-    p.add_argument("--out", default=None, help="best weights (safetensors); default models/<weights> of the config")
+    p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors "
+                                               "(models/ is written only when named here)")
     p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
     p.add_argument("--train-frames", type=int, default=2000)
     p.add_argument("--val-frames", type=int, default=100)
@@ -492,7 +493,9 @@ def _train(args: argparse.Namespace) -> int:
     cfg = ModelConfig.load(args.config)
     device = resolve_device(args.device)
     work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
-    out = Path(args.out) if args.out else cfg.weights_path()
+    # never over the shipped weights unless asked to (--out models/lite.safetensors): the best weights go
+    # into the work dir by default
+    out = Path(args.out) if args.out else work / f"{cfg.name}.best.safetensors"
     t_start = time.time()
     sim_options = parse_sim_options(args.sim_option)
     train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options)
