@@ -267,14 +267,30 @@ def write_bin(path: str | Path, points: Any) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
+def read_npy(path: str | Path) -> np.ndarray:
+    """Read a NumPy .npy array of shape (N, 3|4) (x, y, z[, intensity]) as float32 N x 4; no pickles."""
+    path = Path(path)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise PointCloudError(f"point file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise PointCloudError(f"cannot read {path}: {exc}") from None
+    if arr.ndim != 2 or arr.shape[1] < 3 or arr.dtype.kind not in "fiu":
+        raise PointCloudError(f"{path}: expected a numeric (N, 3|4) array, got {arr.dtype} {arr.shape}")
+    return _as_points(arr[:, :4])
+
+
 def read_points_file(path: str | Path) -> np.ndarray:
-    """Read a .pcd or .bin file by suffix into raw (N, 4) float32 points."""
+    """Read a .pcd, .bin or .npy file by suffix into raw (N, 4) float32 points."""
     suffix = Path(path).suffix.lower()
     if suffix == ".pcd":
         return read_pcd(path)
     if suffix == ".bin":
         return read_bin(path)
-    raise PointCloudError(f"{path}: unknown point file type {suffix!r} (expected .pcd or .bin)")
+    if suffix == ".npy":
+        return read_npy(path)
+    raise PointCloudError(f"{path}: unknown point file type {suffix!r} (expected .pcd, .bin or .npy)")
 
 
 def read_cloud_file(path: str | Path, filters: DecodeFilter | None = None, frame_id: str = "livox_frame") -> Cloud:
@@ -302,6 +318,6 @@ def _as_points(points: Any) -> np.ndarray:
 
 
 __all__ = [
-    "read_pcd", "write_pcd", "read_bin", "write_bin", "read_points_file", "read_cloud_file",
+    "read_pcd", "write_pcd", "read_bin", "write_bin", "read_npy", "read_points_file", "read_cloud_file",
     "lzf_compress", "lzf_decompress",
 ]

@@ -12,7 +12,7 @@ from livox_infer.errors import ConfigError
 from livox_infer.evaluation.real import (
     detect_views, evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
 )
-from livox_infer.model.evaluate import FrameBoxes
+from livox_infer.model.evaluate import FrameBoxes, scan_detector
 
 REAL_DEV = SHARED_DATA / "real_dev"
 
@@ -136,13 +136,7 @@ def test_shipped_weights_on_real_dev():
     views = load_real_dir(REAL_DEV)
     assert sum(int((~v.gt_ignore & (v.gt.labels == 0)).sum()) for v in views) == 96  # cars scored (issue 16)
     pipe = DetectionPipeline("lite", compile=False, sensor_height="auto", score_thresholds=0.1)
-
-    def fn(points):
-        pipe.reset_ground()
-        d = pipe.detect(points)
-        return d.boxes, d.labels, d.scores
-
-    res = evaluate_views(views, detect_views(views, fn))["all"]
+    res = evaluate_views(views, detect_views(views, scan_detector(pipe)))["all"]
     for (cls, key), lo in REAL_MIN_AP.items():
         assert res.ap[cls][key] >= lo, f"{cls} {key} {res.ap[cls][key]:.3f} < {lo}"
 

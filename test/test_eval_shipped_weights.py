@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from livox_infer.model.evaluate import evaluate_on_simulation
+from livox_infer.model.evaluate import evaluate_on_simulation, scan_detector
 from livox_infer.model.weights import read_metadata
 from livox_infer.pipeline import DetectionPipeline
 
@@ -35,11 +35,7 @@ def _evaluate(refine: bool):
     pipe = DetectionPipeline("lite", compile=False, sensor_height="auto", score_thresholds=0.1,  # eval's default floor
                              refine=refine)
 
-    def detect(points):
-        pipe._mount_history.clear()
-        d = pipe.detect(points)
-        return d.boxes, d.labels, d.scores
-
+    detect = scan_detector(pipe)
     region = pipe.cfg.grid.region
     return evaluate_on_simulation({"model": detect}, SENSORS, FRAMES_PER_SENSOR, SEED, region=region,
                                   metrics=("bev",))["model"]

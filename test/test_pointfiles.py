@@ -185,3 +185,21 @@ def test_lzf_round_trip(data):
     assert lzf_decompress(packed, len(data)) == data
     if data[:3] == b"abc":
         assert len(packed) < len(data) / 20
+
+
+def test_npy_point_files(tmp_path):
+    from livox_infer.errors import PointCloudError
+    from livox_infer.pointfiles import read_points_file
+
+    pts = np.arange(12, dtype=np.float64).reshape(4, 3)
+    np.save(tmp_path / "a.npy", pts)
+    got = read_points_file(tmp_path / "a.npy")
+    assert got.dtype == np.float32 and got.shape == (4, 4)
+    np.testing.assert_array_equal(got[:, :3], pts.astype(np.float32))
+    assert (got[:, 3] == 0).all()
+    np.save(tmp_path / "bad.npy", np.zeros(5))
+    with pytest.raises(PointCloudError, match="expected a numeric"):
+        read_points_file(tmp_path / "bad.npy")
+    np.save(tmp_path / "obj.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(PointCloudError, match="cannot read"):
+        read_points_file(tmp_path / "obj.npy")

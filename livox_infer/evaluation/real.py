@@ -34,7 +34,8 @@ import numpy as np
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.model.boxes import points_in_boxes
-from livox_infer.model.evaluate import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate
+from livox_infer.pointfiles import read_points_file
+from livox_infer.model.evaluate import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, scan_detector
 
 # Source classes that are ignored for one of ours (KITTI's convention: a van is not a missed car, and
 # a car box on it is not a false one). Everything else not ours (bollards, signs, ...) is background.
@@ -76,24 +77,6 @@ def labelled_fov(meta: dict[str, Any] | None) -> float:
     return float(m.group(1)) if m else 360.0
 
 
-def read_points(path: Path) -> np.ndarray:
-    """(N, 4) float32 points of a .npy / .bin / .pcd file."""
-    if path.suffix.lower() == ".npy":
-        try:
-            pts = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load {path.name}: {exc}") from None
-        pts = np.asarray(pts, np.float32)
-        if pts.ndim != 2 or pts.shape[1] < 3:
-            raise ConfigError(f"{path.name}: expected an (N, 3|4) array, got shape {pts.shape}")
-        if pts.shape[1] == 3:
-            pts = np.concatenate([pts, np.zeros((len(pts), 1), np.float32)], axis=1)
-        return np.ascontiguousarray(pts[:, :4])
-    from livox_infer.pointfiles import read_points_file
-
-    return read_points_file(path)
-
-
 def turn(points_or_boxes: np.ndarray, heading_deg: float, boxes: bool = False) -> np.ndarray:
     """Rotate about +z by -heading so that direction ``heading_deg`` becomes +x (boxes: yaw too)."""
     a = -math.radians(heading_deg)
@@ -109,7 +92,7 @@ def turn(points_or_boxes: np.ndarray, heading_deg: float, boxes: bool = False) -
 
 def in_cone(xy: np.ndarray, fov_deg: float, max_range: float) -> np.ndarray:
     """Points / centres within ±fov/2 of +x and within max_range (BEV)."""
-    xy = np.asarray(xy).reshape(-1, 2) if np.asarray(xy).ndim == 1 else np.asarray(xy)[:, :2]
+    xy = np.asarray(xy)[:, :2]
     r = np.hypot(xy[:, 0], xy[:, 1])
     az = np.degrees(np.abs(np.arctan2(xy[:, 1], xy[:, 0])))
     return (r <= max_range) & (az <= fov_deg / 2.0)
@@ -142,7 +125,7 @@ def load_real_dir(root: str | Path, fov: float = DEFAULT_FOV, max_range: float =
         path = next((root / f"{frame}{s}" for s in POINT_SUFFIXES if (root / f"{frame}{s}").is_file()), None)
         if path is None:
             raise ConfigError(f"{root}: no point file for labelled frame {frame!r} ({'/'.join(POINT_SUFFIXES)})")
-        pts = read_points(path)
+        pts = read_points_file(path)
         boxes, labs, ignore_cls = _gt_arrays(all_labels.get(frame, []), classes, frame)
         lab_fov = labelled_fov(meta.get(frame))
         for h in headings:
@@ -256,23 +239,16 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
     from livox_infer.model.config import ModelConfig
 
     cfg = ModelConfig.load(args.model)
-    views = load_real_dir(args.real, args.fov, args.max_range, parse_headings(args.headings), args.min_points,
-                          cfg.classes)
-    pipe = make_pipeline()
-
-    def model_fn(points):
-        pipe.reset_ground()  # independent scans: no smoothing of the ground estimate across them
-        d = pipe.detect(points)
-        return d.boxes, d.labels, d.scores
-
-    dets = detect_views(views, model_fn)
+    headings = parse_headings(args.headings)
+    views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
+    dets = detect_views(views, scan_detector(make_pipeline()))
     res = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)
     print(real_table(res, f"== model {cfg.name} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
     if args.bev_dir:
         save_view_pictures(views, dets, cfg.classes, Path(args.bev_dir), args.fov, args.max_range)
     if args.out:
-        out = {"real": str(args.real), "fov": args.fov, "range": args.max_range, "headings": parse_headings(args.headings),
+        out = {"real": str(args.real), "fov": args.fov, "range": args.max_range, "headings": headings,
                "min_points": args.min_points, "score_threshold": args.score_threshold, "refine": not args.no_refine,
                "bev_extent": getattr(args, "bev_extent", None),
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
@@ -288,7 +264,7 @@ def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], cl
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    half = max_range * math.sin(math.radians(min(fov, 180.0) / 2.0)) if fov < 180 else max_range
+    half = max_range * math.sin(math.radians(fov / 2.0)) if fov < 180 else max_range
     extent = (0.0 if fov <= 180 else -max_range, max_range, -half, half)
     for v, d in zip(views, dets):
         path = out_dir / f"{v.frame}_h{v.heading_deg:03.0f}.png"

@@ -103,8 +103,8 @@ class ModelConfig:
 
     def with_extent(self, extent: Any) -> "ModelConfig":
         """The same model on another BEV extent (x_min, x_max, y_min, y_max) in metres, e.g. a per-sensor
-        grid: weights load unchanged (`weights.extent_free`). Each side must be a whole number of
-        ``EXTENT_QUANTUM`` (the network's coarsest cell) and the grid ahead of the sensor may start behind it."""
+        grid: weights load unchanged (`weights.extent_free`). Every bound must be a multiple of
+        `extent_quantum` (the network's coarsest cell), so all feature maps tile the extent exactly."""
         try:
             x0, x1, y0, y1 = (float(v) for v in extent)
         except (TypeError, ValueError):

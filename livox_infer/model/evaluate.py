@@ -477,6 +477,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
+def scan_detector(pipe):
+    """``fn(points) -> (boxes, labels, scores)`` of ``pipe`` for unrelated scans: the ground estimate of one
+    scan is not smoothed with the previous ones ("auto" sensor height)."""
+    def detect(points):
+        pipe.reset_ground()
+        d = pipe.detect(points)
+        return d.boxes, d.labels, d.scores
+
+    return detect
+
+
 def _pipeline(args: argparse.Namespace):
     """The detection pipeline the eval options describe."""
     from livox_infer.pipeline import DetectionPipeline
@@ -495,14 +506,7 @@ def _main_sim(args: argparse.Namespace) -> int:
     region = tuple(args.region) if args.region else cfg.grid.region
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
-    pipe = _pipeline(args)
-
-    def model_fn(points):
-        pipe.reset_ground()  # independent scenes: no smoothing across frames
-        d = pipe.detect(points)
-        return d.boxes, d.labels, d.scores
-
-    fns = {f"model {cfg.name}": model_fn}
+    fns = {f"model {cfg.name}": scan_detector(_pipeline(args))}
     if args.baseline:
         from livox_infer.model.baseline import BaselineDetector
 

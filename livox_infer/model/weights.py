@@ -119,13 +119,11 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
         except json.JSONDecodeError:
             theirs = {}
         diff = _differing_keys(extent_free(cfg.architecture()), extent_free(theirs if isinstance(theirs, dict) else {}))
-    else:
-        diff = []
-    if diff or meta.get("architecture_hash") is None:
-        raise WeightsError(
-            f"{path} was trained for a different model config than {cfg.source or cfg.name} "
-            f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
-        )
+        if diff or meta.get("architecture_hash") is None:  # only the BEV extent may differ
+            raise WeightsError(
+                f"{path} was trained for a different model config than {cfg.source or cfg.name} "
+                f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
+            )
     _load_matching(model, cfg, path, map_location)
     return meta
 
