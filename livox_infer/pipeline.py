@@ -389,7 +389,8 @@ class DetectionPipeline:
         rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
         xyz = pts[:, :3] @ rot.T if mount.up != (0.0, 0.0, 1.0) else pts[:, :3]
         xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
-        levelled = torch.cat([xyz, pts[:, 3:4]], dim=1)
+        # use_intensity false: the detector was trained not to rely on a sensor's intensity scale
+        levelled = torch.cat([xyz, pts[:, 3:4] if self.cfg.use_intensity else torch.zeros_like(pts[:, 3:4])], dim=1)
         bev = self.voxelizer(levelled)
         self._input.copy_(bev[None])
         self._sync()

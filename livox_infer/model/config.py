@@ -83,6 +83,10 @@ class ModelConfig:
     # found objects the well-localised boxes rank first (AP at strict IoU rewards that ordering)
     iou_score_alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
     refine: RefineConfig | None = None  # stage 2: point-based refinement of the best candidates (refine.py)
+    # false: the pipeline zeroes every point's intensity before voxelizing and refining. Intensity scales and
+    # curves differ between sensors and firmware; a detector trained with intensity dropped (train
+    # --intensity-drop) does not depend on them. Not part of the architecture (same tensors either way).
+    use_intensity: bool = True
     weights: str = ""
     source: str = ""  # the file it was loaded from (not part of the architecture)
     extra: dict = field(default_factory=dict)
@@ -156,7 +160,7 @@ class ModelConfig:
         d = dict(data)
         known = {
             "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
-            "description", "refine",
+            "description", "refine", "use_intensity",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -216,6 +220,9 @@ class ModelConfig:
         iou_alpha = _per_class(d.get("iou_score_alpha", 0.0), classes, "iou_score_alpha", 0.0, 1.0)
         if any(iou_alpha) and not iou_head:
             raise ConfigError(f"model config {source}: iou_score_alpha needs head.iou_head: true")
+        use_intensity = d.get("use_intensity", True)
+        if not isinstance(use_intensity, bool):
+            raise ConfigError(f"model config {source}: use_intensity must be true or false, got {use_intensity!r}")
         overlap = float(hd.get("gaussian_overlap", 0.1))
         if not 0 < overlap < 1:
             raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")
@@ -244,6 +251,7 @@ class ModelConfig:
             cross_class_iou=None if cross is None else float(cross),
             iou_score_alpha=iou_alpha,
             refine=parse_refine(d.get("refine"), classes, source, _per_class, _positive_ints),
+            use_intensity=use_intensity,
             weights=str(d.get("weights", "")),
             source=source,
         )

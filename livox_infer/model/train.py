@@ -105,20 +105,20 @@ def shard_path(data_dir: Path, split: str, index: int) -> Path:
     return data_dir / f"{split}-{index:04d}.npz"
 
 
-def frame_spec(split: str, i: int, seed: int) -> tuple[str, int, str]:
+def frame_spec(split: str, i: int, seed: int, sensors: tuple[str, ...] = SENSOR_NAMES) -> tuple[str, int, str]:
     """(sensor, sim seed, scene kind) of frame i: sensors and scene kinds interleave evenly."""
-    sensor = SENSOR_NAMES[i % len(SENSOR_NAMES)]
-    kind = SCENE_KINDS[(i // len(SENSOR_NAMES)) % len(SCENE_KINDS)]
+    sensor = sensors[i % len(sensors)]
+    kind = SCENE_KINDS[(i // len(sensors)) % len(SCENE_KINDS)]
     base = 1_000_000 if split == "train" else 9_000_000  # disjoint seed ranges: val scenes are unseen
     return sensor, base + seed * 100_003 + i, kind
 
 
 def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig,
-                   sim_options: dict | None = None) -> Path:
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> Path:
     frames = []
     for j in range(SHARD_FRAMES):
         i = index * SHARD_FRAMES + j
-        sensor, sim_seed, kind = frame_spec(split, i, seed)
+        sensor, sim_seed, kind = frame_spec(split, i, seed, sensors)
         f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
         f.points = _crop(f.points, cfg)
         frames.append(f)
@@ -157,7 +157,7 @@ def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
 
 
 def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig,
-                   sim_options: dict | None = None) -> list[Frame]:
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> list[Frame]:
     from tqdm import tqdm
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,7 @@ def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: Mo
     todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
     if todo:
         for k in tqdm(todo, desc=f"simulating {split} ({SHARD_FRAMES} frames/shard)", unit="shard"):
-            generate_shard(data_dir, split, k, seed, cfg, sim_options)
+            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors)
     return load_shards(data_dir, split, n_shards)[:n_frames]
 
 
@@ -177,7 +177,22 @@ def _rot_z(a: float) -> np.ndarray:
     return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]], np.float64)
 
 
-def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
+@dataclass(frozen=True)
+class IntensityAugment:
+    """How training varies the intensity channel. Real sensors and firmware differ in scale and curve
+    (real_dev medians: KITTI 66, Argoverse 2 12, Livox Horizon 14, the simulator ~15 of 255), so the
+    detector must not rely on one: ``drop`` = share of frames with intensity zeroed (what the pipeline
+    feeds with ``use_intensity: false``), ``gain`` = log-uniform per-frame gain range, ``gamma`` = range of
+    a per-frame power curve on the 0..1 value. The defaults are the original (pre-2026-12-03) augmentation."""
+
+    drop: float = 0.0
+    gain: tuple[float, float] = (0.7, 1.3)
+    gamma: tuple[float, float] = (1.0, 1.0)
+    log_gain: bool = False
+
+
+def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
+            intensity: IntensityAugment = IntensityAugment()):
     """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
     would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
     learns to tolerate an imperfect sensor_height or ground estimate."""
@@ -201,10 +216,16 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
     height = frame.sensor_height * scale
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
     pts = pts[keep]
-    if rng.random() < 0.1:
+    if intensity.drop and rng.random() < intensity.drop:
+        pts[:, 3] = 0.0
+    elif rng.random() < 0.1:
         pts[:, 3] /= 255.0  # a 0..1-intensity driver read with the 0..255 setting
+    elif intensity.log_gain:
+        gain = math.exp(rng.uniform(math.log(intensity.gain[0]), math.log(intensity.gain[1])))
+        gamma = rng.uniform(*intensity.gamma)
+        pts[:, 3] = np.clip(255.0 * (np.clip(pts[:, 3], 0, 255) / 255.0) ** gamma * gain, 0, 255)
     else:
-        pts[:, 3] = np.clip(pts[:, 3] * rng.uniform(0.7, 1.3), 0, 255)
+        pts[:, 3] = np.clip(pts[:, 3] * rng.uniform(*intensity.gain), 0, 255)
     # what the pipeline would be told / estimate: slightly wrong tilt and height
     tilt_err = Mount.from_pitch_roll(0.0, rng.uniform(-0.6, 0.6) * strength, rng.uniform(-0.4, 0.4) * strength)
     up = levelling_rotation(np.asarray(tilt_err.up)).T @ up
@@ -213,7 +234,8 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0):
 
 
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
-            paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0):
+            paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
+            intensity: IntensityAugment = IntensityAugment()):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
@@ -222,8 +244,10 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     else:
         if paste_db is not None:
             frame = paste_objects(frame, paste_db, rng)
-        pts, boxes, labels, mount = augment(frame, rng)
+        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity)
     levelled = level_points(pts, mount)
+    if not cfg.use_intensity:  # as the pipeline feeds such a model
+        levelled[:, 3] = 0.0
     boxes = level_boxes(boxes, mount)
     npts = points_in_boxes(levelled, boxes)
     bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
@@ -239,9 +263,11 @@ class BatchStream(torch.utils.data.IterableDataset):
     (levelled points (N,4), levelled GT boxes (M,7), GT labels (M,)) tuple per frame (stage-2 training)."""
 
     def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
-                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False):
+                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False,
+                 intensity: IntensityAugment = IntensityAugment()):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
         self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
+        self.intensity = intensity
 
     def __iter__(self):
         torch.set_num_threads(1)
@@ -252,7 +278,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             bevs, tgts, scene = [], [], []
             for i in idx:
                 bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
-                                                           self.neighbour_weight)
+                                                           self.neighbour_weight, self.intensity)
                 bevs.append(bev)
                 tgts.append(t)
                 if self.with_scene:
@@ -469,6 +495,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corner-weight", type=float, default=0.0,
                    help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
                         "default: with uncertain yaw it biases box sizes, docs/detector.md)")
+    p.add_argument("--sensors", default=",".join(SENSOR_NAMES),
+                   help="comma-separated sensors newly generated shards cycle through: the five Livox models and "
+                        "the spinning training proxies hdl64, vlp32, os64 (sim/sensors.py PROXY_SENSORS)")
+    p.add_argument("--intensity-drop", type=float, default=0.0,
+                   help="share of training frames whose intensity is zeroed (robustness to sensors whose intensity "
+                        "differs from the simulator's, and the input of configs with use_intensity: false)")
+    p.add_argument("--intensity-gain", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
+    p.add_argument("--intensity-gamma", type=float, nargs=2, default=(1.0, 1.0), metavar=("LOW", "HIGH"),
+                   help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
+                        "(to choose among them on other data, e.g. livox-infer eval --real)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
@@ -498,8 +537,15 @@ def _train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else work / f"{cfg.name}.best.safetensors"
     t_start = time.time()
     sim_options = parse_sim_options(args.sim_option)
-    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options)
-    val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg)
+    sensors = tuple(x.strip() for x in str(args.sensors).split(",") if x.strip())
+    from livox_infer.sim.sensors import get_sensor
+
+    for name in sensors:
+        get_sensor(name)  # ConfigError for an unknown name, before any shard is simulated
+    if not sensors:
+        raise ConfigError("--sensors names no sensor")
+    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options, sensors)
+    val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg, sensors=sensors)
     log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
              time.time() - t_start)
     if args.data_only:
@@ -543,8 +589,17 @@ def _train(args: argparse.Namespace) -> int:
                                   seed=args.seed)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
+    if not (0.0 <= args.intensity_drop <= 1.0):
+        raise ConfigError("--intensity-drop must be in [0, 1]")
+    intensity = IntensityAugment(drop=args.intensity_drop)
+    if args.intensity_gain is not None:
+        lo, hi = args.intensity_gain
+        if not (0 < lo <= hi):
+            raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
+        intensity = IntensityAugment(drop=args.intensity_drop, gain=(lo, hi), gamma=tuple(args.intensity_gamma),
+                                     log_gain=True)
     stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight,
-                         with_scene=refining)
+                         with_scene=refining, intensity=intensity)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4 if args.workers else None)
     history = []
@@ -604,6 +659,11 @@ def _train(args: argparse.Namespace) -> int:
                     "val_ap": json.dumps(v["ap"]), "train_args": args_json,
                 })
                 log.info("saved best weights to %s", out)
+            if args.keep_checkpoints:
+                save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra={
+                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
+                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
+                })
             save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
             with open(work / "history.jsonl", "a") as f:
                 f.write(json.dumps(history[-1]) + "\n")

@@ -105,8 +105,9 @@ def build_car(rng: np.random.Generator, kind: str | None = None) -> Primitives:
     """A car as a LiDAR sees it: lower body with wheel wells, glass greenhouse (mostly transparent)
     with seats behind it, metal roof, wheels, retro-reflective plates and tail lights."""
     kind = kind or _pick(rng, ("sedan", "hatch", "suv", "van"), (0.45, 0.25, 0.22, 0.08))
-    L = float(np.clip(rng.normal(3.9, 0.4), 3.2, 5.3))
-    W = float(rng.uniform(1.6, 1.9))
+    # KITTI cars average 3.8 x 1.6 m, Argoverse 2 (US) 4.4 x 1.9 m: cover both
+    L = float(np.clip(rng.normal(4.05, 0.45), 3.2, 5.6))
+    W = float(rng.uniform(1.6, 2.0))
     H = float(np.clip(rng.normal(1.5, 0.15), 1.3, 1.95))
     if kind == "suv":
         H = float(np.clip(H + 0.2, 1.55, 1.95))

@@ -18,6 +18,11 @@ continuous trajectory, so non-repetitive patterns differ frame to frame and fill
   leftward sweep, higher on the rightward one) plus a slow ~5 Hz drift that fills the vertical FOV.
   Extents follow the datasheet (81.7 x 25.1 deg; the recordings are deskewed accumulations of a
   turning vehicle, so they spread wider in azimuth).
+* ``spin`` (training proxies, not Livox): a spinning multi-beam LiDAR (Velodyne HDL-64E / VLP-32C,
+  Ouster OS1-64 style): fixed beam elevations, columns at a fixed azimuth step, 10 Hz. Only the
+  columns inside the forward cone ``fov_h_deg`` are fired (what a forward Livox sees), in sweep order.
+  Training on ring patterns too keeps the detector from fitting one scan pattern; they are also the
+  sensors of the real labelled scans (KITTI, Argoverse 2) the detector is validated on.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class SensorModel:
     step_half_deg: float = 0.0
     drift_hz: float = 0.0
     drift_half_deg: float = 0.0
+    # spin: beam elevations (deg) and azimuth step between columns (deg); one rotation per period
+    beam_elevations_deg: tuple[float, ...] = ()
+    az_step_deg: float = 0.0
     extra: dict = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------------ bounds
@@ -67,6 +75,8 @@ class SensorModel:
     def max_abs_az_deg(self) -> float:
         """Largest |azimuth| the pattern can produce (including angle noise)."""
         noise = 2.0 * self.angle_noise_deg
+        if self.pattern == "spin":
+            return self.fov_h_deg / 2 + noise
         if self.pattern == "horizon":
             off = max(abs(o[0]) for o in self.line_offsets_deg)
             return abs(self.sweep_center_deg) + self.sweep_half_deg * 1.03 + off + noise
@@ -76,13 +86,20 @@ class SensorModel:
     @property
     def max_abs_el_deg(self) -> float:
         noise = 2.0 * self.angle_noise_deg
+        if self.pattern == "spin":
+            return max(abs(e) for e in self.beam_elevations_deg) + noise
         off = max(abs(o[1]) for o in self.line_offsets_deg)
         if self.pattern == "horizon":
             return self.step_half_deg + self.drift_half_deg + off + noise
         return self.half_axes_deg[1] + off + noise
 
     def points_per_frame(self, period: float = 0.1) -> int:
+        if self.pattern == "spin":
+            return self._spin_columns() * len(self.beam_elevations_deg)
         return int(round(self.point_rate * period))
+
+    def _spin_columns(self) -> int:
+        return int(round(self.fov_h_deg / self.az_step_deg))
 
     def max_range(self, reflectance: np.ndarray) -> np.ndarray:
         """Detection range limit for a target of effective reflectance (0..1): R ~ sqrt(rho),
@@ -135,13 +152,30 @@ class SensorModel:
         """All shots of one frame: (time from frame start (N,) f64, line (N,) u8, unit directions (N,3) f64).
 
         Lasers fire interleaved (shot i on line i % n_lines), as the Livox driver orders them.
+        A ``spin`` sensor fires all beams of a column together, columns sweeping right to left (+az)
+        through the cone; each frame starts at a random phase offset within one column step.
         """
+        if self.pattern == "spin":
+            return self._spin_shots(int(frame_index), period, seed)
         n = self.points_per_frame(period)
         rel_t = np.arange(n, dtype=np.float64) / self.point_rate
         abs_t = frame_index * period + rel_t
         line = (np.arange(n) % self.n_lines).astype(np.uint8)
         az, el = self.angles(abs_t, line, self.pattern_phases(seed))
         return rel_t, line, angles_to_dirs(az, el)
+
+
+    def _spin_shots(self, frame_index: int, period: float, seed: int):
+        cols = self._spin_columns()
+        el = np.asarray(self.beam_elevations_deg, np.float64)
+        jitter = np.random.default_rng([int(seed), int(frame_index), 11]).uniform(0.0, 1.0)
+        az_col = -self.fov_h_deg / 2 + (np.arange(cols) + jitter) * self.az_step_deg
+        # one rotation per period: a column at azimuth a fires (a + fov/2) / 360 of a period in
+        t_col = (az_col + self.fov_h_deg / 2) / 360.0 * period
+        az = np.repeat(az_col, len(el))
+        rel_t = np.repeat(t_col, len(el))
+        line = np.tile(np.arange(len(el)), cols).astype(np.uint8)
+        return rel_t, line, angles_to_dirs(az, np.tile(el, cols))
 
 
 def angles_to_dirs(az_deg: np.ndarray, el_deg: np.ndarray) -> np.ndarray:
@@ -198,10 +232,42 @@ SENSORS: dict[str, SensorModel] = {
 }
 
 
+def _vlp32c_elevations() -> tuple[float, ...]:
+    # VLP-32C: dense around the horizon (0.33 deg), sparse towards -25 / +15 deg
+    return (-25.0, -15.639, -11.31, -8.843, -7.254, -6.148, -5.333, -4.667, -4.0, -3.667, -3.333, -3.0,
+            -2.667, -2.333, -2.0, -1.667, -1.333, -1.0, -0.667, -0.333, 0.0, 0.333, 0.667, 1.0, 1.333, 1.667,
+            2.333, 3.333, 4.667, 7.0, 10.333, 15.0)
+
+
+# Spinning multi-beam LiDARs, forward +-45 deg cone only: training proxies (not Livox; no presets).
+PROXY_SENSORS: dict[str, SensorModel] = {
+    "hdl64": SensorModel(
+        name="hdl64", point_rate=0.0, n_lines=64, fov_shape="rect", fov_h_deg=90.0, fov_v_deg=26.9,
+        pattern="spin", range_min=1.0, range_at_10pct=80.0, range_at_80pct=120.0, range_noise=0.02,
+        beam_elevations_deg=tuple(np.r_[np.linspace(2.0, -8.33, 32), np.linspace(-8.83, -24.9, 32)].round(3)),
+        az_step_deg=0.17, beam_divergence_deg=0.12,
+    ),
+    "vlp32": SensorModel(
+        name="vlp32", point_rate=0.0, n_lines=32, fov_shape="rect", fov_h_deg=90.0, fov_v_deg=40.0,
+        pattern="spin", range_min=1.0, range_at_10pct=100.0, range_at_80pct=200.0, range_noise=0.03,
+        beam_elevations_deg=_vlp32c_elevations(), az_step_deg=0.2, beam_divergence_deg=0.18,
+    ),
+    "os64": SensorModel(
+        name="os64", point_rate=0.0, n_lines=64, fov_shape="rect", fov_h_deg=90.0, fov_v_deg=45.0,
+        pattern="spin", range_min=0.5, range_at_10pct=80.0, range_at_80pct=140.0, range_noise=0.03,
+        beam_elevations_deg=tuple(np.linspace(22.5, -22.5, 64).round(3)), az_step_deg=0.35,
+        beam_divergence_deg=0.2,
+    ),
+}
+
+
 def get_sensor(name: str | SensorModel) -> SensorModel:
+    """A Livox model from SENSORS, or a spinning training proxy from PROXY_SENSORS."""
     if isinstance(name, SensorModel):
         return name
-    try:
-        return SENSORS[str(name).lower().replace("-", "").replace("_", "")]
-    except KeyError:
-        raise ConfigError(f"unknown sensor {name!r}; choose one of {sorted(SENSORS)}") from None
+    key = str(name).lower().replace("-", "").replace("_", "")
+    if key in SENSORS:
+        return SENSORS[key]
+    if key in PROXY_SENSORS:
+        return PROXY_SENSORS[key]
+    raise ConfigError(f"unknown sensor {name!r}; choose one of {sorted(SENSORS) + sorted(PROXY_SENSORS)}")

@@ -76,7 +76,14 @@ def _resolve_scene(scene, seed: int, scene_kw: dict) -> Scene:
 def _mount(seed: int, sensor_height, pitch_deg, roll_deg, yaw_deg) -> tuple[float, float, float, float]:
     """Mounting height and attitude: one draw per seed (shared by all frames of a drive)."""
     rng = np.random.default_rng([int(seed), 3])
-    h = float(rng.uniform(0.5, 2.5)) if sensor_height is None else float(sensor_height)
+    if sensor_height is None:
+        h = float(rng.uniform(0.5, 2.5))
+    elif isinstance(sensor_height, (tuple, list)):  # a range, drawn once per seed like the default
+        if len(sensor_height) != 2 or not (0.05 <= float(sensor_height[0]) <= float(sensor_height[1]) <= 10.0):
+            raise ConfigError(f"sensor_height range must be (low, high) within 0.05..10, got {sensor_height!r}")
+        h = float(rng.uniform(float(sensor_height[0]), float(sensor_height[1])))
+    else:
+        h = float(sensor_height)
     p = float(rng.uniform(-3, 3)) if pitch_deg is None else float(pitch_deg)
     r = float(rng.uniform(-3, 3)) if roll_deg is None else float(roll_deg)
     y = float(rng.uniform(-3, 3)) if yaw_deg is None else float(yaw_deg)
@@ -108,7 +115,7 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     """Simulate one frame of ``sensor`` in ``scene`` (a Scene, or "street"/"open" built from ``seed``).
 
     Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving.
-    Frame options: sensor_height (m, default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
+    Frame options: sensor_height (m, or a (low, high) range; default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
     (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, or a (low, high) range
     drawn per seed; 0), yaw_rate_dps (vehicle turn rate, deg/s, or a range; 0), deskew (False: points in the
     sensor frame at their own shot time, as the driver publishes them; True: motion-compensated into the
