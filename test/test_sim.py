@@ -368,3 +368,39 @@ def test_moving_objects_move_within_the_frame():
         expect = speed * (t[late].mean() - t[~late].mean())
         assert expect > 0.3 and abs(moved - expect) < 0.1 + 0.25 * expect
         assert _inside(f.points[own], f.boxes[k], _scan_smear_tolerance(f, k, 0.0)).mean() >= 0.95
+
+
+@pytest.mark.parametrize("name", ["hdl64", "vlp32", "os64"])
+def test_spinning_proxies_fire_rings_inside_the_forward_cone(name, street_scene):
+    from livox_infer.sim.sensors import PROXY_SENSORS, get_sensor
+
+    sensor = get_sensor(name)
+    assert sensor is PROXY_SENSORS[name] and name not in SENSORS  # training proxies, not Livox presets
+    f = simulate_frame(name, seed=4, scene=street_scene, sensor_height=1.73, pitch_deg=0, roll_deg=0)
+    n_beams = len(sensor.beam_elevations_deg)
+    assert len(f.points) == sensor.points_per_frame() == round(sensor.fov_h_deg / sensor.az_step_deg) * n_beams
+    assert np.all(np.diff(f.time) >= 0) and f.time[-1] < 0.1 * sensor.fov_h_deg / 360 + 1e-9  # one sweep of the cone
+    valid = f.valid
+    az, el = dirs_to_angles(f.points[valid, :3])
+    assert np.abs(az).max() <= sensor.fov_h_deg / 2 + 0.5
+    # returns lie on the beams' elevation rings (angle noise ~0.03 deg; range noise moves them a little near)
+    far = np.linalg.norm(f.points[valid, :3], axis=1) > 5.0
+    ring_dist = np.abs(el[far, None] - np.asarray(sensor.beam_elevations_deg)[None]).min(1)
+    assert np.median(ring_dist) < 0.1
+    assert np.unique(f.line[valid]).size > n_beams // 2
+    # ground out to a few tens of metres at a vehicle mount (HDL-64E on KITTI: ~60 m)
+    ground = valid & (np.abs(f.points[:, 2] + 1.73) < 0.2)
+    assert np.linalg.norm(f.points[ground, :2], axis=1).max() > 30.0
+    # another frame starts at another azimuth phase: the columns do not repeat exactly
+    g = simulate_frame(name, seed=4, frame_index=1, scene=street_scene, sensor_height=1.73)
+    assert not np.allclose(dirs_to_angles(f.points[valid, :3])[0][:10], dirs_to_angles(g.points[g.valid, :3])[0][:10])
+
+
+def test_sensor_height_range_is_drawn_per_seed():
+    hs = [simulate_frame("avia", seed=s, scene="open", sensor_height=[1.4, 2.2]).sensor_height for s in range(6)]
+    assert all(1.4 <= h <= 2.2 for h in hs) and len(set(hs)) == 6
+    assert simulate_frame("avia", seed=3, scene="open", sensor_height=[1.4, 2.2]).sensor_height == hs[3]
+    with pytest.raises(ConfigError):
+        simulate_frame("avia", seed=0, scene="open", sensor_height=[2.2, 1.4])
+    with pytest.raises(ConfigError, match="unknown sensor"):
+        simulate_frame("velodyne", seed=0)

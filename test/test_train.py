@@ -356,3 +356,54 @@ def test_train_without_out_writes_into_the_work_dir_not_next_to_the_config(tiny_
     assert len(best) == 1
     _, meta = _tensors(best[0])
     assert meta["trained"] == "yes"
+
+
+def test_intensity_augmentation_drops_and_varies_intensity():
+    frame = train_mod.Frame(np.c_[np.random.default_rng(0).uniform(1, 40, (500, 3)).astype(np.float32),
+                                  np.full(500, 20.0, np.float32)],
+                            np.zeros((0, 7), np.float32), np.zeros(0, np.int64), 1.8, np.array([0, 0, 1.0]), "avia")
+    default = [train_mod.augment(frame, np.random.default_rng(s))[0][:, 3] for s in range(40)]
+    assert all(np.all(i > 0) for i in default)  # the original augmentation never drops intensity
+    aug = train_mod.IntensityAugment(drop=0.5, gain=(0.25, 4.0), gamma=(0.6, 1.6), log_gain=True)
+    out = [train_mod.augment(frame, np.random.default_rng(s), intensity=aug)[0][:, 3] for s in range(40)]
+    dropped = sum(bool(np.all(i == 0)) for i in out)
+    assert 10 <= dropped <= 30
+    kept = [float(i.mean()) for i in out if np.any(i > 0) and i.max() > 1.0]
+    assert min(kept) < 12 and max(kept) > 35  # gains well beyond the original 0.7-1.3
+    assert all(np.all((i >= 0) & (i <= 255)) for i in out)
+
+
+def test_use_intensity_false_zeroes_the_input_in_training_and_in_the_pipeline():
+    from livox_infer.model.config import ModelConfig
+    from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.voxelize.reference import ReferenceConstants
+
+    cfg = ModelConfig.load("lite")
+    assert cfg.use_intensity
+    off = ModelConfig.from_dict({**yaml.safe_load(open(cfg.source)), "use_intensity": False}, source=cfg.source)
+    assert not off.use_intensity and off.to_dict() == cfg.to_dict()  # not part of the architecture
+    with pytest.raises(ConfigError):
+        ModelConfig.from_dict({**yaml.safe_load(open(cfg.source)), "use_intensity": "no"})
+    rng = np.random.default_rng(1)
+    pts = np.c_[rng.uniform([2, -20, -1.5], [50, 20, 1.0], (3000, 3)), rng.uniform(0, 255, 3000)].astype(np.float32)
+    frame = train_mod.Frame(pts, np.zeros((0, 7), np.float32), np.zeros(0, np.int64), 1.8, np.array([0, 0, 1.0]), "avia")
+    *_, levelled_on = train_mod.prepare(frame, None, cfg, ReferenceConstants(cfg.grid))
+    *_, levelled_off = train_mod.prepare(frame, None, off, ReferenceConstants(off.grid))
+    assert np.any(levelled_on[:, 3] > 0) and np.all(levelled_off[:, 3] == 0)
+    np.testing.assert_array_equal(levelled_on[:, :3], levelled_off[:, :3])
+    pipe_on = DetectionPipeline(model=cfg, compile=False, refine=False, sensor_height=1.8)
+    pipe_off = DetectionPipeline(model=off, compile=False, refine=False, sensor_height=1.8)
+    zeroed = pts.copy()
+    zeroed[:, 3] = 0
+    a, b = pipe_off.detect(pts), pipe_on.detect(zeroed)
+    np.testing.assert_array_equal(a.boxes, b.boxes)
+    np.testing.assert_array_equal(a.scores, b.scores)
+
+
+def test_train_generates_shards_for_the_named_sensors(tmp_path):
+    args = _train_args(tmp_path, "lite", data_only=True, train_frames=3, val_frames=2, sensors="hdl64,avia")
+    assert train_mod.main(args) == 0
+    frames = train_mod.load_shards(tmp_path / "work" / "data", "train", 1)
+    assert [f.sensor for f in frames[:4]] == ["hdl64", "avia", "hdl64", "avia"]
+    bad = _train_args(tmp_path / "b", "lite", data_only=True, sensors="hdl64,nope")
+    assert train_mod.main(bad) == 2
