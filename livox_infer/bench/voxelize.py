@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from livox_infer.threads import add_threads_argument, apply_threads
 from livox_infer.voxelize import GridConfig, Voxelizer, voxelize_reference
 from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference_dense
 
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="cap on timed seconds per method and size; fewer repeats for big clouds (default 20)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads_argument(parser)
     parser.add_argument("--check", action="store_true",
                         help="first check the GPU path against the CPU reference bit for bit (exit 1 on mismatch)")
     parser.add_argument("--seed", type=int, default=0)
@@ -257,8 +258,7 @@ def run_check(device: torch.device) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)  # again for `python -m livox_infer.bench.voxelize` (no cli.main)
     from livox_infer.voxelize.voxelizer import resolve_device
 
     device = resolve_device(args.device)
