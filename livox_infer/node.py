@@ -302,6 +302,7 @@ class DetectorNode(Node):
             f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
             f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
         )
+        self.get_logger().info(f"start-up: {self._describe_startup()}")
 
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> None:
@@ -473,6 +474,10 @@ class DetectorNode(Node):
         compiled = getattr(p, "compiled", None)
         return str(backend) if compiled is None else f"{backend} ({'compiled' if compiled else 'eager'})"
 
+    def _describe_startup(self) -> str:
+        startup = getattr(self._pipeline, "startup", None)  # DetectionPipeline.startup: phases, inductor cache
+        return startup.summary() if startup is not None else "not timed"
+
     def _describe_model(self) -> str:
         cfg = getattr(self._pipeline, "cfg", None)
         return str(getattr(cfg, "name", None) or self._values["model"])
@@ -490,6 +495,7 @@ class DetectorNode(Node):
             "model": self._describe_model(),
             "weights": str(getattr(self._pipeline, "weights_file", None) or self._values["weights"] or "default"),
             "threads": self.threads.describe(),
+            "startup": self._describe_startup(),
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
