@@ -145,6 +145,7 @@ def main(args: argparse.Namespace) -> int:
         )
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
+        print(f"livox-infer detect: pipeline ready ({pipe.startup.summary()})", file=sys.stderr)
         extent = pipe.cfg.grid.region
         bev_dir = Path(args.bev_dir) if args.bev_dir else None
         if bev_dir:
