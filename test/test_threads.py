@@ -5,6 +5,7 @@ and child processes, one --threads option on every command that runs the pipelin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -94,6 +95,13 @@ def test_node_commands_leave_the_default_to_the_node_parameter(argv):
     assert cli.build_parser(argv).parse_args(argv + ["--threads", "2"]).threads == 2
 
 
+def test_bench_pipeline_load_takes_a_process_count():
+    assert cli.build_parser(["bench", "pipeline"]).parse_args(["bench", "pipeline", "--load", "2"]).load == 2
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit):
+            cli.build_parser(["bench", "pipeline"]).parse_args(["bench", "pipeline", "--load", bad])
+
+
 def test_cli_applies_threads_before_the_command_runs(monkeypatch):
     fake = types.ModuleType("livox_fake_command")
     fake.add_arguments = add_threads_argument
@@ -156,3 +164,25 @@ def test_table_columns_are_aligned_and_separated():
     assert lines[2] == "| eager    |   35.10 / 37.80 |   8.7 |"
     with pytest.raises(ValueError):
         format_table(["a", "b"], [["1"]])
+
+
+def test_bench_pipeline_times_each_mode_quiet_and_under_load(monkeypatch, capsys):
+    """A short real run: one row per load for the mode, in one aligned table; the busy processes are gone after."""
+    from livox_infer.bench import load, pipeline
+
+    started = []
+
+    @contextlib.contextmanager
+    def recording(n):
+        with load.busy_processes(n) as procs:
+            started.extend(procs)
+            yield procs
+
+    monkeypatch.setattr(pipeline, "busy_processes", recording)
+    argv = ["bench", "pipeline", "--modes", "eager", "--frames", "1", "--iters", "2", "--warmup", "1", "--load", "1"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| eager")]
+    assert [r.split("|")[3].strip() for r in rows] == ["0", "1"]  # load column
+    assert len({len(line) for line in out.splitlines() if line.startswith("|")}) == 1
+    assert len(started) == 1 and started[0].poll() is not None

@@ -9,6 +9,7 @@ also exits by itself once its parent is gone, so a bench killed with SIGKILL lea
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -23,6 +24,17 @@ _BUSY_LOOP = (
     "    for _ in range(100_000):\n"
     "        pass\n"
 )
+
+
+def process_count(text: str) -> int:
+    """argparse type of ``--load``: a count of busy processes, >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of processes, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"number of busy processes must be >= 0, got {n}")
+    return n
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 import torch
 
-from livox_infer.bench.load import busy_processes
+from livox_infer.bench.load import busy_processes, process_count
 from livox_infer.bench.table import format_table
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.threads import add_threads_argument, apply_threads
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
-    p.add_argument("--load", type=int, default=0, metavar="N",
+    p.add_argument("--load", type=process_count, default=0, metavar="N",
                    help="also time every mode with N busy processes beside it (started and stopped by the bench)")
     p.add_argument("--seed", type=int, default=0)
 
