@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "decode": ("livox_infer.bench.decode", "PointCloud2 decoding vs sensor_msgs_py"),
     "voxelize": ("livox_infer.bench.voxelize", "Triton voxelizer vs torch eager / compiled"),
     "pipeline": ("livox_infer.bench.pipeline", "decode -> voxelize -> network -> boxes, eager vs compiled"),
+    "startup": ("livox_infer.bench.startup", "node start to first detection, inductor cache cold and warm"),
 }
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(args._module)
+    if getattr(args, "threads", None) is not None:  # before the command's first torch work starts the pools
+        from livox_infer.threads import apply_threads
+
+        apply_threads(args.threads)
     try:
         return int(module.main(args) or 0)
     except LivoxInferError as exc:  # a typed error the command did not report itself: one line, no traceback

@@ -21,6 +21,7 @@ import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
 from livox_infer.pointcloud import Cloud
+from livox_infer.threads import add_threads_argument
 
 POINT_SUFFIXES = (".pcd", ".bin")
 DETECTIONS_TOPIC = "/livox_infer/detections"
@@ -48,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
     p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
+    add_threads_argument(p)
 
 
 def is_bag(path: Path) -> bool:
@@ -143,6 +145,7 @@ def main(args: argparse.Namespace) -> int:
         )
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
+        print(f"livox-infer detect: pipeline ready ({pipe.startup.summary()})", file=sys.stderr)
         extent = pipe.cfg.grid.region
         bev_dir = Path(args.bev_dir) if args.bev_dir else None
         if bev_dir:

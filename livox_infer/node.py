@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.pointcloud import check_pointcloud2
+from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS, add_threads_argument, apply_threads
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,7 +37,7 @@ NODE_NAME = "livox_detector"
 REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package", "test_time_flip"})
 # Parameters only the node itself uses (no pipeline involvement).
 NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
-                              "diagnostics_period", "latency_window"})
+                              "diagnostics_period", "latency_window", "threads"})
 
 WARN_THROTTLE_S = 5.0
 
@@ -98,6 +99,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("publish_markers", True, "Publish ~/markers (RViz boxes and labels)."),
     ParamSpec("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", read_only=True,
               float_range=(0.1, 60.0)),
+    ParamSpec("threads", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its pools; "
+              "0 = torch's default (one per core). 1 keeps latency bounded on a busy CPU (docs/performance.md).",
+              read_only=True, int_range=(0, MAX_THREADS)),
     ParamSpec("latency_window", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
               read_only=True, int_range=(10, 100_000)),
 )
@@ -267,6 +271,7 @@ class DetectorNode(Node):
 
         self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
         self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
+        self.threads = apply_threads(int(self._values["threads"]))  # before the pipeline's first torch work
         # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
         self._pipeline = self._factory(pipeline_options(self._values))
 
@@ -295,8 +300,9 @@ class DetectorNode(Node):
         self._worker.start()
         self.get_logger().info(
             f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
-            f"{self._values['model']}, device {self._describe_backend()})"
+            f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
         )
+        self.get_logger().info(f"start-up: {self._describe_startup()}")
 
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> None:
@@ -468,6 +474,10 @@ class DetectorNode(Node):
         compiled = getattr(p, "compiled", None)
         return str(backend) if compiled is None else f"{backend} ({'compiled' if compiled else 'eager'})"
 
+    def _describe_startup(self) -> str:
+        startup = getattr(self._pipeline, "startup", None)  # DetectionPipeline.startup: phases, inductor cache
+        return startup.summary() if startup is not None else "not timed"
+
     def _describe_model(self) -> str:
         cfg = getattr(self._pipeline, "cfg", None)
         return str(getattr(cfg, "name", None) or self._values["model"])
@@ -484,6 +494,8 @@ class DetectorNode(Node):
             "backend": self._describe_backend(),
             "model": self._describe_model(),
             "weights": str(getattr(self._pipeline, "weights_file", None) or self._values["weights"] or "default"),
+            "threads": self.threads.describe(),
+            "startup": self._describe_startup(),
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
@@ -562,6 +574,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
     parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
                         help="override use_compile")
+    add_threads_argument(parser, default=None)
     parser.add_argument("--node-name", default=NODE_NAME, help=f"node name (default {NODE_NAME})")
     parser.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[],
                         help="everything after this goes to ROS (e.g. --ros-args -p score_threshold_car:=0.5)")
@@ -593,6 +606,8 @@ def ros_arguments(args: argparse.Namespace) -> list[str]:
         out += ["-p", f"device:={args.device}"]
     if args.use_compile is not None:
         out += ["-p", f"use_compile:={'true' if args.use_compile else 'false'}"]
+    if getattr(args, "threads", None) is not None:
+        out += ["-p", f"threads:={args.threads}"]
     if getattr(args, "node_name", NODE_NAME) != NODE_NAME:
         out += ["-r", f"__node:={args.node_name}"]
     extra = list(args.ros_args or [])

@@ -34,6 +34,7 @@ from livox_infer.model.ground import Mount, estimate_mount, level_points, median
 from livox_infer.model.postprocess import build_inference_model, select_detections
 from livox_infer.model.refine import refine_candidates
 from livox_infer.pointcloud import Cloud, DecodeFilter, decode_pointcloud2, filter_points
+from livox_infer.startup import StartupLog
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
 
@@ -173,6 +174,7 @@ class DetectionPipeline:
     # -- construction --------------------------------------------------------------------------
     def _build_network(self) -> None:
         p = self._net_params
+        self.startup = StartupLog()  # phases of this build, for the log and the node's start-up line
         self.cfg = p["model"] if isinstance(p["model"], ModelConfig) else ModelConfig.load(p["model"])
         if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
             self.cfg = self.cfg.with_extent(p["bev_extent"])
@@ -185,10 +187,13 @@ class DetectionPipeline:
             memory_format=torch.channels_last
         )
         if p.get("aoti_package"):
-            self._load_package(Path(p["aoti_package"]))
+            with self.startup.phase("aoti package"):
+                self._load_package(Path(p["aoti_package"]))
+            log.info("pipeline ready: %s", self.startup.summary())
             return
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
-        infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
+        with self.startup.phase("weights"):
+            infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
         self._refiner = infer.net.refiner
         self._eager = infer
@@ -196,7 +201,9 @@ class DetectionPipeline:
         self.compiled = False
         self.compile_error: str | None = None
         if p["compile"]:
-            self._compile(infer)
+            with self.startup.phase("compile"), self.startup.inductor_cache():
+                self._compile(infer)
+        log.info("pipeline ready: %s", self.startup.summary())
 
     def _load_package(self, path: Path) -> None:
         from livox_infer.model.export import AotiRunner, file_sha256

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from livox_infer.errors import ConfigError, LivoxInferError
+from livox_infer.threads import add_threads_argument
 
 POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
 DETECTION3D_ARRAY = "vision_msgs/msg/Detection3DArray"
@@ -218,7 +219,8 @@ def _rss_mb(pid: int) -> float:
 
 
 def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str = "avia", device: str = "cpu",
-             use_compile: str = "false", remap: dict[str, str] | None = None, sample_s: float = 10.0) -> int:
+             use_compile: str = "false", remap: dict[str, str] | None = None, sample_s: float = 10.0,
+             threads: int | None = None) -> int:
     """Start the node as a subprocess (``livox-infer run``), replay ``bag`` looped for ``minutes``, and
     print RSS over time, received/processed/dropped frames and latency percentiles. Not a test."""
     import numpy as np
@@ -232,6 +234,8 @@ def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str 
     topic = (remap or {}).get("/livox/lidar", "/livox/lidar")
     cmd = [sys.executable, "-m", "livox_infer.cli", "run", "--sensor", sensor, "--device", device,
            "--use-compile", use_compile, "--input-topic", topic]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
     node_proc = subprocess.Popen(cmd)
     rclpy.init()
     node = rclpy.create_node("livox_soak")
@@ -321,6 +325,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sensor", default="avia", help="soak: sensor preset of the node (default avia)")
     parser.add_argument("--device", default="cpu", help="soak: node device (default cpu)")
     parser.add_argument("--use-compile", default="false", help="soak: node use_compile (default false)")
+    add_threads_argument(parser, default=None)  # soak: passed on to the node
 
 
 def main(args: argparse.Namespace) -> int:
@@ -328,7 +333,7 @@ def main(args: argparse.Namespace) -> int:
         remap = parse_remaps(args.remap)
         if args.soak is not None:
             return run_soak(args.bag, minutes=args.soak, rate=args.rate, sensor=args.sensor, device=args.device,
-                            use_compile=args.use_compile, remap=remap)
+                            use_compile=args.use_compile, remap=remap, threads=args.threads)
         if not args.bag:
             print("livox-infer replay: a bag is required", file=sys.stderr)
             return 2

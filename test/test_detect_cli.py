@@ -21,7 +21,7 @@ def run(argv):
     return detect_cli.main(p.parse_args(argv))
 
 
-def test_detect_point_files_to_jsonl_png_and_bag(small_model, tmp_path):  # noqa: F811
+def test_detect_point_files_to_jsonl_png_and_bag(small_model, tmp_path, capsys):  # noqa: F811
     d = tmp_path / "scans"
     d.mkdir()
     write_pcd(d / "a.pcd", scene_points(seed=1))
@@ -30,6 +30,7 @@ def test_detect_point_files_to_jsonl_png_and_bag(small_model, tmp_path):  # noqa
     rc = run([str(d), "--out", str(out), "--model", str(small_model), "--no-compile", "--score-threshold", "0.0",
               "--sensor-height", "1.6", "--bev-dir", str(tmp_path / "bev"), "--out-bag", str(tmp_path / "bag")])
     assert rc == 0
+    assert "pipeline ready (weights " in capsys.readouterr().err  # start-up phases with their seconds
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["source"] for r in rows] == ["a.pcd", "b.bin"]
     for r in rows:

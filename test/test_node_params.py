@@ -125,3 +125,25 @@ def test_run_starts_the_node_from_a_preset():
                         "--ros-args", "-p", "input_topic:=/" + unique("nothing")], "detecting on")
     assert "detecting on" in out and "mid70" in out, out
     assert rc == 0, out
+
+
+def test_threads_parameter_is_applied_at_start_and_reported(ros, monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test
+        monkeypatch.setenv(var, "1")
+    try:
+        node = ros.add(DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("threads"), context=ros.context,
+                                    cli_args=["--ros-args", "-p", "threads:=2"]))
+        assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+        values = {kv.key: kv.value for kv in node.diagnostics_status().values}
+        assert values["threads"].startswith("2 intra-op")
+        assert not node.set_parameters([__import__("rclpy").parameter.Parameter("threads", value=1)])[0].successful
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_run_passes_threads_to_the_node_only_when_given():
+    assert not any(a.startswith("threads:=") for a in ros_arguments(run_args("--sensor", "avia")))
+    assert ros_arguments(run_args("--sensor", "avia", "--threads", "2"))[-2:] == ["-p", "threads:=2"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -359,15 +362,42 @@ def test_decodes_real_rclpy_pointcloud2():
     assert cloud.frame_id == "livox_frame"
 
 
-def test_bench_decode_cli_runs(capsys):
+def test_bench_decode_cli_runs(capsys, monkeypatch):
     from livox_infer.cli import main
 
+    monkeypatch.setitem(sys.modules, "sensor_msgs_py", None)  # not importable: the comparison is skipped
     assert main(["bench", "decode", "--points", "2000", "--repeat", "2"]) == 0
     out = capsys.readouterr().out
-    assert "sensor_msgs_py:" in out
+    assert "sensor_msgs_py not importable" in out and "comparison skipped" in out and "target livox" not in out
     for layout in LAYOUTS:
-        assert f"{layout:8} livox_infer+filters" in out
-    assert "custom   rosbags deserialize" in out and "custom   livox_infer+filters" in out
+        assert f"| {layout:6} | livox_infer+filters |" in out
+    assert "| custom | rosbags deserialize |" in out and "| custom | livox_infer+filters |" in out
+
+
+def test_bench_decode_compares_with_upstream_sensor_msgs_py(capsys, monkeypatch, tmp_path):
+    """The upstream sensor_msgs_py (../shared/ros2_upstream) timed in the same run, with the target verdict."""
+    import tarfile
+
+    pytest.importorskip("sensor_msgs.msg")
+    source = Path(__file__).resolve().parents[2] / "shared" / "ros2_upstream" / "common_interfaces.tar.gz"
+    if not source.is_file():
+        pytest.skip(f"{source} not present")
+    with tarfile.open(source) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith("common_interfaces/sensor_msgs_py/sensor_msgs_py/")]
+        tar.extractall(tmp_path, members=members, filter="data")
+    monkeypatch.syspath_prepend(str(tmp_path / "common_interfaces" / "sensor_msgs_py"))
+    for name in [m for m in sys.modules if m.startswith("sensor_msgs_py")]:
+        monkeypatch.delitem(sys.modules, name)
+    from livox_infer.cli import main
+
+    assert main(["bench", "decode", "--points", "2000", "--repeat", "3", "--rosbags-repeat", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "read_points_numpy(skip_nans=True) in the same run" in out
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")[5].strip() for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| layout")}
+    assert rows[("xyzi", "sensor_msgs_py")] == "1997"  # it keeps the (0,0,0) no-returns; we drop them
+    assert int(rows[("xyzi", "livox_infer+filters")]) < 1997
+    assert "target livox_infer+filters <= 1.0x sensor_msgs_py's time" in out
 
 
 def test_cdr_interoperates_with_rclpy_serialization():

@@ -2,7 +2,8 @@
 
 Decodes the same cloud (default: 24,000 Livox-like points, ~2 % no-returns, a few NaNs) in every
 encode layout, as an rclpy ``sensor_msgs/msg/PointCloud2`` when sensor_msgs is importable (else a
-PointCloud2Data), and prints median / p90 latency per method:
+PointCloud2Data), and prints median / p90 latency per method (sensor_msgs_py only when it is importable; otherwise
+the comparison is skipped with a note):
 
 * ``sensor_msgs_py``: ``read_points_numpy(msg, ["x","y","z","intensity"], skip_nans=True)``
   (is_dense is set False so its NaN pass runs; it does not drop (0,0,0) points);
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from livox_infer.bench.table import format_table
 from livox_infer.pointcloud import LAYOUTS, DecodeFilter, decode_pointcloud2, encode_pointcloud2, to_ros_message
 
 FILTERS = DecodeFilter(tag_filter="strict", min_range=0.5, max_range=200.0,
@@ -70,8 +72,29 @@ def _interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tu
     result = {}
     for name, values in samples.items():
         values.sort()
-        result[name] = (statistics.median(values), values[int(0.9 * (len(values) - 1))], outputs[name])
+        result[name] = (statistics.median(values), float(np.percentile(values, 90)), outputs[name])
     return result
+
+
+HEADER = ["layout", "method", "median ms", "p90 ms", "points", "x sensor_msgs_py time"]
+TARGET_RATIO = 1.0  # our decode with every filter in at most sensor_msgs_py's time
+
+
+def _sensor_msgs_py_reader() -> tuple[Callable | None, str]:
+    """``read_points_numpy`` and its version, or None and why the comparison is skipped."""
+    try:
+        from sensor_msgs_py.point_cloud2 import read_points_numpy
+    except ImportError as exc:
+        return None, (f"sensor_msgs_py not importable ({exc}): comparison skipped; for it, install sensor_msgs_py "
+                      "(a ROS 2 install, or pip install --target DIR ../shared/ros2_upstream/common_interfaces"
+                      "/sensor_msgs_py after unpacking, with DIR on PYTHONPATH)")
+    try:
+        from importlib.metadata import version
+
+        ver = version("sensor_msgs_py")
+    except Exception:  # noqa: BLE001 - a ROS install carries no pip metadata
+        ver = "version unknown"
+    return read_points_numpy, f"sensor_msgs_py {ver}: read_points_numpy(skip_nans=True) in the same run"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,45 +102,52 @@ def main(args: argparse.Namespace) -> int:
         from sensor_msgs.msg import PointCloud2 as RosPointCloud2
     except ImportError:
         RosPointCloud2 = None
-    try:
-        from sensor_msgs_py.point_cloud2 import read_points_numpy
-    except ImportError:
-        read_points_numpy = None
+    read_points_numpy, note = _sensor_msgs_py_reader()
+    if RosPointCloud2 is None and read_points_numpy is not None:
+        read_points_numpy, note = None, "sensor_msgs (rclpy messages) not importable: sensor_msgs_py comparison skipped"
 
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     pts, t, tag = make_points(args.points, args.seed, args.pcd)
     print(f"cloud: {args.points} points ({'from ' + str(args.pcd) if args.pcd else 'synthetic Livox-like'}), "
           f"message: {'rclpy sensor_msgs/PointCloud2' if RosPointCloud2 else 'PointCloud2Data (sensor_msgs not installed)'}, "
           f"repeat {args.repeat}")
-    print(f"sensor_msgs_py: {'installed' if read_points_numpy else 'not installed'}")
-    header = f"{'layout':8} {'method':22} {'median ms':>10} {'p90 ms':>8} {'points':>7} {'vs sensor_msgs_py':>18}"
-    print(header)
-    print("-" * len(header))
+    print(note)
+    rows, ratios = [], {}
     for layout in layouts:
         data = encode_pointcloud2(pts, layout, time=t, tag=tag, stamp_ns=1_700_000_000_000_000_000)
         data.is_dense = False
         msg = to_ros_message(data, RosPointCloud2) if RosPointCloud2 else data
         fns: dict[str, Callable[[], Any]] = {}
-        if read_points_numpy is not None and RosPointCloud2 is not None:
+        if read_points_numpy is not None:
             same_type = len({f.datatype for f in data.fields if f.name in ("x", "y", "z", "intensity")}) == 1
             if same_type:
                 fns["sensor_msgs_py"] = lambda: read_points_numpy(
                     msg, field_names=["x", "y", "z", "intensity"], skip_nans=True)
             else:
-                print(f"{layout:8} {'sensor_msgs_py':22} {'n/a (mixed field types)':>28}")
+                rows.append([layout, "sensor_msgs_py", "n/a", "n/a", "-", "n/a"])  # it needs one field type
         fns["livox_infer"] = lambda: decode_pointcloud2(msg)
         fns["livox_infer+filters"] = lambda: decode_pointcloud2(msg, filters=FILTERS)
-        rows = [(name, med, p90, len(out)) for name, (med, p90, out) in _interleaved(fns, args.repeat).items()]
-        reference = rows[0][1] if rows[0][0] == "sensor_msgs_py" else None
-        for name, med, p90, n in rows:
-            speed = f"{reference / med:.2f}x" if reference else "-"
-            print(f"{layout:8} {name:22} {med:10.3f} {p90:8.3f} {n:7d} {speed:>18}")
-    _bench_custom_msg(pts, t, tag, args)
+        results = _interleaved(fns, args.repeat)
+        reference = results["sensor_msgs_py"][0] if "sensor_msgs_py" in results else None
+        for name, (med, p90, out) in results.items():
+            rows.append([layout, name, f"{med:.3f}", f"{p90:.3f}", len(out),
+                         f"{med / reference:.2f}x" if reference else "-"])
+        if reference:
+            ratios[layout] = results["livox_infer+filters"][0] / reference
+    rows += _bench_custom_msg(pts, t, tag, args)
+    print(format_table(HEADER, rows))
+    if any(r[2] == "n/a" for r in rows):
+        print("n/a: read_points_numpy needs x, y, z and intensity of one type (xyzirc mixes float32 and uint8)")
+    if ratios:
+        met = all(r <= TARGET_RATIO for r in ratios.values())
+        print(f"target livox_infer+filters <= {TARGET_RATIO:.1f}x sensor_msgs_py's time (while also dropping no-returns "
+              f"and applying tag / range / ROI filters): {'met' if met else 'NOT met'} "
+              f"({', '.join(f'{k} {v:.2f}x' for k, v in ratios.items())})")
     return 0
 
 
-def _bench_custom_msg(pts: np.ndarray, t: np.ndarray, tag: np.ndarray, args: argparse.Namespace) -> None:
-    """Livox CustomMsg CDR -> Cloud: livox_infer's numpy codec vs rosbags' generic deserializer."""
+def _bench_custom_msg(pts: np.ndarray, t: np.ndarray, tag: np.ndarray, args: argparse.Namespace) -> list[list]:
+    """Table rows: Livox CustomMsg CDR -> Cloud, livox_infer's numpy codec vs rosbags' generic deserializer."""
     from livox_infer.bag import custom_msg_to_cloud, decode_custom_msg_cdr, encode_custom_msg_cdr, typestore
 
     raw = encode_custom_msg_cdr(pts, time=t, tag=tag, stamp_ns=1_700_000_000_000_000_000)
@@ -132,6 +162,5 @@ def _bench_custom_msg(pts: np.ndarray, t: np.ndarray, tag: np.ndarray, args: arg
         med, p90, msg = slow["rosbags deserialize"]
         results = {"rosbags deserialize": (med, p90, msg.points), **results}
     reference = results.get("rosbags deserialize", (None,))[0]
-    for name, (med, p90, out) in results.items():
-        speed = f"{reference / med:.1f}x vs rosbags" if reference else "-"
-        print(f"{'custom':8} {name:22} {med:10.3f} {p90:8.3f} {len(out):7d} {speed:>18}")
+    return [["custom", name, f"{med:.3f}", f"{p90:.3f}", len(out),
+             f"{med / reference:.4f}x rosbags" if reference else "-"] for name, (med, p90, out) in results.items()]

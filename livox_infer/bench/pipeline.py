@@ -2,14 +2,17 @@
 
 Frames come from the simulator (one drive, so the mount is fixed), encoded as Livox PointCloud2
 ("livox" layout: x y z intensity tag line timestamp, no-returns included as the driver sends them).
-Each mode (eager, compiled, aoti = an AOTInductor package from `livox-infer export`) builds its own DetectionPipeline, warms up, then times every stage of
-``iters`` calls; the table shows p50 / p99 in milliseconds. On CUDA the compiled mode uses CUDA graphs
-(mode="reduce-overhead").
+Each mode (eager, compiled, aoti = an AOTInductor package from `livox-infer export`) builds its own
+DetectionPipeline, warms up, then times every stage of ``iters`` calls; the table shows p50 / p99 in
+milliseconds. ``--load N`` times every mode a second time with N busy processes beside it (a robot's
+CPU is never idle), so the rows under contention sit next to the quiet ones. On CUDA the compiled
+mode uses CUDA graphs (mode="reduce-overhead").
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -17,9 +20,13 @@ import warnings
 import numpy as np
 import torch
 
-from livox_infer.errors import LivoxInferError
+from livox_infer.bench.load import busy_processes, process_count
+from livox_infer.bench.table import format_table
+from livox_infer.errors import ConfigError, LivoxInferError
+from livox_infer.threads import add_threads_argument, apply_threads
 
 STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
+MODES = ("eager", "compiled", "aoti")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,12 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=10, help="distinct simulated frames (cycled)")
     p.add_argument("--iters", type=int, default=100, help="timed calls per mode")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add_threads_argument(p)
     p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (ground estimated per frame)")
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
     p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
+    p.add_argument("--load", type=process_count, default=0, metavar="N",
+                   help="also time every mode with N busy processes beside it (started and stopped by the bench)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -54,7 +63,8 @@ def make_messages(sensor: str, n: int, seed: int):
     return msgs, frames[0].sensor_height, int(frames[0].points.shape[0])
 
 
-def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray], object]:
+def build_pipeline(mode: str, args, sensor_height):
+    """(pipeline, setup seconds) for one mode."""
     from livox_infer.pipeline import DetectionPipeline
 
     t0 = time.perf_counter()
@@ -64,6 +74,11 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)
+    return pipe, setup_s
+
+
+def time_pipeline(pipe, msgs, args) -> tuple[dict[str, np.ndarray], float]:
+    """Per-stage milliseconds of ``args.iters`` calls after ``args.warmup`` untimed ones; mean boxes per frame."""
     for i in range(args.warmup):
         pipe.detect(msgs[i % len(msgs)])
     rows = {k: [] for k in STAGES}
@@ -73,38 +88,47 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
         n_boxes += len(det)
         for k in STAGES:
             rows[k].append(det.timings_ms[k])
-    return {k: np.asarray(v) for k, v in rows.items()}, (pipe, setup_s, n_boxes / max(1, args.iters))
+    return {k: np.asarray(v) for k, v in rows.items()}, n_boxes / max(1, args.iters)
+
+
+def parse_modes(text: str, aoti_package: str | None) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    for mode in modes:
+        if mode not in MODES:
+            raise ConfigError(f"unknown mode {mode!r}; use {', '.join(MODES)}")
+        if mode == "aoti" and not aoti_package:
+            raise ConfigError("mode aoti needs --aoti-package (make one with `livox-infer export`)")
+    return modes
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)  # again for a direct call of main() (cli.main applies it first)
+    loads = [0] + ([args.load] if args.load else [])
+    load_before = os.getloadavg()[0]
+    rows = []
     try:
+        modes = parse_modes(args.modes, args.aoti_package)
         msgs, height, n_points = make_messages(args.sensor, args.frames, args.seed)
         sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
-        results = {}
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if mode not in ("eager", "compiled", "aoti"):
-                print(f"unknown mode {mode!r}", file=sys.stderr)
-                return 2
-            if mode == "aoti" and not args.aoti_package:
-                print("mode aoti needs --aoti-package (make one with `livox-infer export`)", file=sys.stderr)
-                return 2
-            results[mode] = run_mode(msgs, mode, args, sh)
+        for mode in modes:
+            pipe, setup_s = build_pipeline(mode, args, sh)
+            label = mode + ("*" if mode == "compiled" and not pipe.compiled else "")
+            for load in loads:
+                with busy_processes(load):
+                    timings, boxes = time_pipeline(pipe, msgs, args)
+                rows.append([label, torch.get_num_threads(), load]
+                            + [f"{np.percentile(timings[s], 50):.2f} / {np.percentile(timings[s], 99):.2f}"
+                               for s in STAGES] + [f"{setup_s:.1f}", f"{boxes:.1f}"])
     except LivoxInferError as exc:
         print(f"livox-infer bench pipeline: {exc}", file=sys.stderr)
         return 2
-    pipe = next(iter(results.values()))[1][0]
-    print(f"pipeline bench: model {pipe.cfg.name} grid {pipe.cfg.grid.shape} on {pipe.device} "
-          f"({torch.get_num_threads()} threads), {args.sensor} frames of {n_points} points "
-          f"(Livox PointCloud2), sensor_height {args.sensor_height} (true {height:.2f} m), {args.iters} calls")
-    CELL = max(len(s) for s in STAGES) + 6  # widest "<stage> p50" plus a gap
-    header = f"{'mode':<10}" + "".join(f"{s + ' p50':>{CELL}}{'p99':>7}" for s in STAGES) + f"{'setup s':>9}{'boxes':>7}"
-    print(header)
-    for mode, (rows, (p, setup_s, boxes)) in results.items():
-        label = mode + ("*" if mode == "compiled" and not p.compiled else "")
-        cells = "".join(f"{np.percentile(rows[s], 50):>{CELL}.2f}{np.percentile(rows[s], 99):>7.2f}" for s in STAGES)
-        print(f"{label:<10}{cells}{setup_s:>9.1f}{boxes:>7.1f}")
-    if any(mode == "compiled" and not p.compiled for mode, (_, (p, _, _)) in results.items()):
+    print(f"pipeline bench: model {pipe.cfg.name} grid {pipe.cfg.grid.shape} on {pipe.device}, "
+          f"{args.sensor} frames of {n_points} points (Livox PointCloud2), sensor_height {args.sensor_height} "
+          f"(true {height:.2f} m), {args.iters} calls per row; {os.cpu_count()} cores, load average "
+          f"{load_before:.2f} before the run")
+    print("ms p50 / p99 per stage; load = busy processes started by the bench beside it")
+    header = ["mode", "threads", "load"] + [f"{s} p50 / p99" for s in STAGES] + ["setup s", "boxes"]
+    print(format_table(header, rows))
+    if any(r[0].endswith("*") for r in rows):
         print("* compilation failed; these numbers are eager")
     return 0

@@ -32,6 +32,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from livox_infer.bench.table import format_table
+from livox_infer.threads import add_threads_argument, apply_threads
 from livox_infer.voxelize import GridConfig, Voxelizer, voxelize_reference
 from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference_dense
 
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="cap on timed seconds per method and size; fewer repeats for big clouds (default 20)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads_argument(parser)
     parser.add_argument("--check", action="store_true",
                         help="first check the GPU path against the CPU reference bit for bit (exit 1 on mismatch)")
     parser.add_argument("--seed", type=int, default=0)
@@ -116,10 +118,11 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeat: int, warmup:
 def _fmt_ms(ms: float | None) -> str:
     if ms is None:
         return "-"
-    return f"{ms * 1e3:9.1f} us" if ms < 1.0 else f"{ms:9.3f} ms"
+    return f"{ms * 1e3:.1f} us" if ms < 1.0 else f"{ms:.3f} ms"
 
 
-def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
+def run_benchmark(args: argparse.Namespace, device: torch.device) -> list[dict[str, tuple[float, float | None]]]:
+    """Prints the table; returns per size {method: (wall or CUDA-event ms, CPU ms or None)} plus "points"."""
     cuda = device.type == "cuda"
     model, grid = _grid_for(args.model, device)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -142,7 +145,7 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
         print(f"times: wall / process CPU time per call, speed-ups from CPU time; load average {load:.1f} "
               f"on {os.cpu_count()} cores")
         header = ["points", "voxelizer", "(cpu)", "eager ref", "(cpu)", "compiled ref", "(cpu)", "x eager", "x compiled"]
-    print(" ".join(f"{h:>12}" for h in header))
+    rows, results = [], []
     for n in sizes:
         points = livox_like_points(n, grid, args.seed).to(device)
         fns: dict[str, Callable[[], object]] = {}
@@ -157,18 +160,21 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> None:
                 print(f"  (torch.compile of the reference took {time.perf_counter() - t:.1f} s)")
             fns["compiled"] = lambda: compiled_ref(points)
         ms = _time_round_robin(fns, args.repeat, args.warmup, args.max_seconds, cuda)
+        results.append({"points": n, **ms})
         key = 0 if cuda else 1  # speed-ups from latency on GPU, from CPU time on CPU
         v = ms["voxelizer"][key]
-        row = [f"{n:>12,}"]
+        row = [f"{n:,}"]
         for name in (["voxelizer", "op", "eager", "compiled"] if cuda else ["voxelizer", "eager", "compiled"]):
             wall_ms, cpu_ms = ms.get(name, (None, None))
             row.append(_fmt_ms(wall_ms))
             if not cuda:
                 row.append(_fmt_ms(cpu_ms))
         for name in ("eager", "compiled"):
-            row.append(f"{ms[name][key] / v:11.1f}x" if name in ms else f"{'-':>12}")
-        print(" ".join(f"{c:>12}" for c in row))
-        sys.stdout.flush()
+            row.append(f"{ms[name][key] / v:.1f}x" if name in ms else "-")
+        rows.append(row)
+    print(format_table(header, rows))
+    sys.stdout.flush()
+    return results
 
 
 # -- GPU bit-equality check ----------------------------------------------------------------------
@@ -207,9 +213,12 @@ def _check_clouds(grid: GridConfig) -> dict[str, torch.Tensor]:
     return clouds
 
 
-def run_check(device: torch.device) -> bool:
-    """Triton on `device` == CPU reference, bit for bit, for several grids and clouds."""
+def run_check(device: torch.device, small: bool = False) -> bool:
+    """The voxelizer on `device` == CPU reference, bit for bit, for several grids and clouds: on a GPU the
+    Triton op, its CUDA graph and torch.compile of it (fullgraph, reduce-overhead). ``small``: no 1M-point
+    cloud and no compile (a quick run; on CPU the module's own path, the Triton kernels under TRITON_INTERPRET=1)."""
     ok = True
+    cuda = device.type == "cuda"
 
     def report(label: str, got: torch.Tensor | Exception, ref: torch.Tensor) -> None:
         nonlocal ok
@@ -235,30 +244,38 @@ def run_check(device: torch.device) -> bool:
 
     from livox_infer.model.config import ModelConfig
 
+    backend = "triton" if cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch"
     for model in ("lite", "full"):
         grid = ModelConfig.load(model).grid
-        print(f"check grid '{model}' {grid.shape} on {torch.cuda.get_device_name(device)}")
-        op = Voxelizer(grid, device)
-        graph = op.cuda_graph(1_000_000)
-        compiled = attempt(lambda: torch.compile(Voxelizer(grid, device), fullgraph=True))
-        compiled_ro = attempt(lambda: torch.compile(Voxelizer(grid, device), fullgraph=True, mode="reduce-overhead"))
+        where = torch.cuda.get_device_name(device) if cuda else "CPU"
+        print(f"check grid '{model}' {grid.shape} on {where}, {backend} voxelizer vs the CPU reference")
+        op = Voxelizer(grid, device, backend=backend)
+        variants: dict[str, object] = {"op": op}
+        if cuda:
+            variants["cuda graph"] = op.cuda_graph(1_000_000)
+        if not small:
+            variants["compile fullgraph"] = attempt(lambda: torch.compile(Voxelizer(grid, device), fullgraph=True))
+            if cuda:
+                variants["compile reduce-overhead"] = attempt(
+                    lambda: torch.compile(Voxelizer(grid, device), fullgraph=True, mode="reduce-overhead"))
         for name, cloud in _check_clouds(grid).items():
+            if small and cloud.shape[0] > 100_000:
+                continue
             ref = voxelize_reference(cloud, grid)
             pts = cloud.to(device)
-            report(f"{name:13s} op", attempt(lambda: op(pts)), ref)
-            report(f"{name:13s} cuda graph", attempt(lambda: graph(pts).clone()), ref)
-            for label, c in (("compile fullgraph", compiled), ("compile reduce-overhead", compiled_ro)):
-                report(f"{name:13s} {label}", c if isinstance(c, Exception) else attempt(lambda: c(pts).clone()), ref)
+            for label, fn in variants.items():
+                # clone: a CUDA graph / reduce-overhead output is overwritten by the next replay
+                report(f"{name:13s} {label}", fn if isinstance(fn, Exception) else attempt(lambda: fn(pts).clone()), ref)
             shuffled = pts[torch.randperm(pts.shape[0], device=device)]
             report(f"{name:13s} op, shuffled", attempt(lambda: op(shuffled)), ref)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
     print("CHECK PASSED" if ok else "CHECK FAILED")
     return ok
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)  # again for `python -m livox_infer.bench.voxelize` (no cli.main)
     from livox_infer.voxelize.voxelizer import resolve_device
 
     device = resolve_device(args.device)

@@ -26,6 +26,7 @@ import torch
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.model.boxes import bev_iou, iou_3d, points_in_boxes
+from livox_infer.threads import add_threads_argument
 
 DEFAULT_MIN_POINTS = 5
 IOU_THRESHOLDS = {"car": (0.7, 0.5), "pedestrian": (0.5, 0.25), "cyclist": (0.5, 0.25)}
@@ -348,6 +349,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the network on this BEV extent in metres (multiples of 3.2 for lite) instead of the "
                         "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")
     p.add_argument("--out", help="write the results as JSON here")
+    add_threads_argument(p)
     from livox_infer.evaluation.real import add_arguments as add_real_arguments
 
     add_real_arguments(p)

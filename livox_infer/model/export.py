@@ -25,6 +25,7 @@ import torch
 
 from livox_infer.errors import ConfigError, LivoxInferError, WeightsError
 from livox_infer.model.config import ModelConfig
+from livox_infer.threads import add_threads_argument
 from livox_infer.model.postprocess import build_inference_model
 
 log = logging.getLogger("livox_infer.export")
@@ -114,6 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-time-flip", action="store_true",
                    help="bake in test-time flipping (frame + mirror image, averaged); the pipeline must set it too")
     p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
+    add_threads_argument(p)  # inductor bakes the thread count into the package's kernels
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,78 @@
+"""Start-up phases (livox_infer.startup): timed, logged by the pipeline, inductor cache cold vs warm told apart;
+`livox-infer bench startup` times node start to first detection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from livox_infer import startup
+from livox_infer.startup import StartupLog
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_phases_are_timed_in_order_and_summarised():
+    log = StartupLog()
+    with log.phase("weights"):
+        time.sleep(0.02)
+    with log.phase("compile"):
+        pass
+    assert list(log.phases_s) == ["weights", "compile"] and log.phases_s["weights"] >= 0.02
+    assert log.summary().startswith("weights 0.0 s, compile 0.0 s") and log.cache_state == ""
+
+
+@pytest.mark.parametrize("hits, misses, bypasses, state", [(3, 0, 0, "warm"), (0, 2, 0, "cold"), (1, 1, 0, "partial"),
+                                                           (0, 0, 1, "bypassed")])
+def test_cache_state_from_the_counters_inside_the_block(monkeypatch, hits, misses, bypasses, state):
+    counts = iter([{"hits": 5, "misses": 7, "bypasses": 1},
+                   {"hits": 5 + hits, "misses": 7 + misses, "bypasses": 1 + bypasses}])
+    monkeypatch.setattr(startup, "_cache_counts", lambda: next(counts))
+    log = StartupLog()
+    with log.inductor_cache():
+        pass
+    assert (log.cache_hits, log.cache_misses, log.cache_state) == (hits, misses, state)
+    expected = ("inductor graph cache bypassed (1 graphs" if bypasses else
+                f"inductor cache {state} ({hits} hits, {misses} misses)")
+    assert expected in log.summary()
+
+
+def test_pipeline_records_its_start_up():
+    from livox_infer.pipeline import DetectionPipeline
+
+    pipe = DetectionPipeline("lite", device="cpu", compile=False)
+    assert list(pipe.startup.phases_s) == ["weights"] and pipe.startup.cache_state == ""
+
+
+def test_cache_state_of_a_real_compile_cold_then_warm(monkeypatch, tmp_path):
+    """torch's own counters: a fresh cache directory misses, the same graph compiled again hits."""
+    import torch
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    states = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        log = StartupLog()
+        with log.inductor_cache():
+            torch.compile(lambda x: x * 2.0 + 1.0, fullgraph=True)(torch.ones(8))
+        states.append(log.cache_state)
+    assert states == ["cold", "warm"]
+
+
+@pytest.mark.slow  # starts the node (eager) once: ~10-30 s on a 2-core machine
+@pytest.mark.ros
+def test_bench_startup_times_node_start_to_first_detection():
+    pytest.importorskip("rclpy")
+    pytest.importorskip("vision_msgs.msg")
+    out = subprocess.run([sys.executable, "-m", "livox_infer.cli", "bench", "startup", "--runs", "1",
+                          "--use-compile", "false", "--timeout", "240"], capture_output=True, text=True, timeout=400,
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    row = [line for line in out.stdout.splitlines() if line.startswith("|   1 |")]
+    assert row and "eager" in row[0] and "weights" in row[0], out.stdout
+    assert float(row[0].split("|")[3]) > 0
