@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "decode": ("livox_infer.bench.decode", "PointCloud2 decoding vs sensor_msgs_py"),
     "voxelize": ("livox_infer.bench.voxelize", "Triton voxelizer vs torch eager / compiled"),
     "pipeline": ("livox_infer.bench.pipeline", "decode -> voxelize -> network -> boxes, eager vs compiled"),
+    "fleet": ("livox_infer.bench.fleet", "detection over an archive: frames/s in one process vs Ray, by workers"),
 }
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -401,50 +401,73 @@ def settings_for(args: argparse.Namespace) -> Settings:
                     bev_dir=str(Path(args.bev_dir).resolve()) if args.bev_dir else None)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Exit status 0: every input done; 1: some inputs failed (listed, and in the manifest); 2: bad options."""
+@dataclass
+class RunReport:
+    """What one archive run did: counts, and its time without (work_s) and for (startup_s) the Ray start-up."""
+
+    tally: Tally
+    inputs: int
+    skipped: int
+    startup_s: float
+    work_s: float
+    manifest: Path
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.tally.frames / self.work_s if self.work_s > 0 else 0.0
+
+
+def run_archive(args: argparse.Namespace) -> RunReport:
+    """Detect every input of the archive the options name that is not done yet; see the module docstring."""
     from tqdm import tqdm
 
+    _check_options(args)
+    out_dir = Path(args.out_dir).resolve()
+    jobs = discover(args.input, args.inputs_from, skip=out_dir)
+    if not jobs:
+        raise PointCloudError(f"no bags or point files found in {' '.join(args.input) or args.inputs_from}")
+    settings = settings_for(args)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(out_dir / MANIFEST_NAME)
+    todo = [j for j in jobs if not manifest.is_done(j, settings)]
+    executor = f"ray ({args.ray_address})" if args.ray_address else (
+        f"ray (local, {args.workers} workers)" if args.ray else "this process")
+    print(f"{len(jobs)} inputs, {len(jobs) - len(todo)} already done with this model and settings; "
+          f"{len(todo)} to run on {executor}, {args.threads} torch thread(s) per worker", file=sys.stderr)
+    tally = Tally()
+    bar = tqdm(total=len(todo), desc="detect", unit="input", file=sys.stderr)
+
+    def finished(row: dict[str, Any]) -> None:
+        manifest.append(row)
+        tally.add(row)
+        bar.set_postfix(frames=tally.frames, boxes=tally.boxes, failed=len(tally.failed), refresh=False)
+        bar.update(1)
+
+    t0 = time.perf_counter()
     try:
-        _check_options(args)
-        out_dir = Path(args.out_dir).resolve()
-        jobs = discover(args.input, args.inputs_from, skip=out_dir)
-        if not jobs:
-            raise PointCloudError(f"no bags or point files found in {' '.join(args.input) or args.inputs_from}")
-        settings = settings_for(args)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        manifest = Manifest(out_dir / MANIFEST_NAME)
-        todo = [j for j in jobs if not manifest.is_done(j, settings)]
-        executor = f"ray ({args.ray_address})" if args.ray_address else (
-            f"ray (local, {args.workers} workers)" if args.ray else "this process")
-        print(f"{len(jobs)} inputs, {len(jobs) - len(todo)} already done with this model and settings; "
-              f"{len(todo)} to run on {executor}, {args.threads} torch thread(s) per worker", file=sys.stderr)
-        tally = Tally()
-        bar = tqdm(total=len(todo), desc="detect", unit="input", file=sys.stderr)
+        if args.ray or args.ray_address:
+            startup = run_on_ray(todo, settings, finished, args.ray_address, args.workers)
+        else:
+            startup = run_here(todo, settings, finished)
+    finally:
+        bar.close()
+    return RunReport(tally, len(jobs), len(jobs) - len(todo), startup, time.perf_counter() - t0 - startup,
+                     manifest.path)
 
-        def finished(row: dict[str, Any]) -> None:
-            manifest.append(row)
-            tally.add(row)
-            bar.set_postfix(frames=tally.frames, boxes=tally.boxes, failed=len(tally.failed), refresh=False)
-            bar.update(1)
 
-        t0 = time.perf_counter()
-        try:
-            if args.ray or args.ray_address:
-                startup = run_on_ray(todo, settings, finished, args.ray_address, args.workers)
-            else:
-                startup = run_here(todo, settings, finished)
-        finally:
-            bar.close()
-        work = time.perf_counter() - t0 - startup
-        rate = tally.frames / work if work > 0 else 0.0
-        print(f"{tally.ok} ok, {len(tally.failed)} failed; {tally.frames} frames, {tally.boxes} boxes in {work:.1f} s "
-              f"({rate:.2f} frames/s; start-up {startup:.1f} s not counted); manifest {manifest.path}", file=sys.stderr)
-        for line in tally.failed[:10]:
-            print(f"  failed: {line}", file=sys.stderr)
-        if len(tally.failed) > 10:
-            print(f"  ... and {len(tally.failed) - 10} more (status 'failed' in the manifest)", file=sys.stderr)
-        return 1 if tally.failed else 0
+def main(args: argparse.Namespace) -> int:
+    """Exit status 0: every input done; 1: some inputs failed (listed, and in the manifest); 2: bad options."""
+    try:
+        report = run_archive(args)
     except LivoxInferError as exc:
         print(f"livox-infer detect: {exc}", file=sys.stderr)
         return 2
+    tally = report.tally
+    print(f"{tally.ok} ok, {len(tally.failed)} failed; {tally.frames} frames, {tally.boxes} boxes in "
+          f"{report.work_s:.1f} s ({report.frames_per_s:.2f} frames/s; start-up {report.startup_s:.1f} s not counted); "
+          f"manifest {report.manifest}", file=sys.stderr)
+    for line in tally.failed[:10]:
+        print(f"  failed: {line}", file=sys.stderr)
+    if len(tally.failed) > 10:
+        print(f"  ... and {len(tally.failed) - 10} more (status 'failed' in the manifest)", file=sys.stderr)
+    return 1 if tally.failed else 0
