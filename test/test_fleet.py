@@ -116,3 +116,43 @@ def test_archive_options_are_checked(small_model, tmp_path, capsys):  # noqa: F8
                 "--model", str(small_model)]) == 2
     assert "weights not found" in capsys.readouterr().err
     assert run(["--out", str(tmp_path / "x.jsonl")]) == 2  # no input at all
+
+
+def _gt_bag(path: Path, stamps, box) -> None:
+    with BagWriter(path) as w:
+        for stamp in stamps:
+            w.write_cloud("/livox/lidar", encode_pointcloud2(scene_points(seed=stamp), "xyzi", stamp_ns=stamp,
+                                                             frame_id="livox_frame"))
+            w.write_detections("/livox_infer/ground_truth", stamp, "livox_frame", np.asarray([box], np.float32), [0])
+
+
+def _detections(path: Path, stamps, box, score: float) -> None:
+    keys = ("x", "y", "z", "l", "w", "h", "yaw")
+    row = lambda s: {"stamp": s, "boxes": [{"label": "car", "score": score, **dict(zip(keys, box))}]}  # noqa: E731
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row(s)) + "\n" for s in stamps))
+
+
+def test_eval_over_an_archive_per_bag_and_pooled(tmp_path, capsys):
+    from livox_infer.cli import main as cli_main
+
+    car = [12.0, 2.0, -0.75, 4.0, 2.0, 1.5, 0.0]  # around the car points of scene_points (height 1.6)
+    elsewhere = [20.0, -8.0, -0.75, 4.0, 2.0, 1.5, 0.0]
+    archive, dets = tmp_path / "archive", tmp_path / "dets"
+    _gt_bag(archive / "good", [1, 2], car)
+    _gt_bag(archive / "site2" / "bad", [3, 4], car)
+    _gt_bag(archive / "undetected", [5], car)
+    write_pcd(archive / "scan.pcd", scene_points())  # no ground truth: not part of the evaluation
+    _detections(dets / "good.jsonl", [1, 2], car, 0.9)  # every car found
+    _detections(dets / "site2" / "bad.jsonl", [3, 4], elsewhere, 0.5)  # every car missed, lower scores
+    out = tmp_path / "res.json"
+    rc = cli_main(["eval", str(archive), "--detections-dir", str(dets), "--out", str(out)])
+    assert rc == 1  # one bag could not be evaluated: reported, the others were
+    res = json.loads(out.read_text())
+    assert set(res["bags"]) == {"good", "site2/bad"} and "no detections" in res["failed"]["undetected"]
+    assert res["bags"]["good"]["ap"]["car"]["bev@0.7"] == 1.0
+    assert res["bags"]["site2/bad"]["ap"]["car"]["bev@0.7"] == 0.0
+    # pooled: 4 cars, the 2 found rank first (score 0.9): precision 1 up to recall 0.5 -> AP R40 = 20/40
+    assert res["pooled"]["num_frames"] == 4 and res["pooled"]["num_gt"]["car"] == 4
+    assert res["pooled"]["ap"]["car"]["bev@0.7"] == 0.5
+    assert "pooled (2 bags)" in capsys.readouterr().out
