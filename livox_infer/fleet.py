@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--annotated-bags", action="store_true", help="also write <input>.annotated rosbag2 per input")
     g.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     g.add_argument("--ray", action="store_true", help="run on a local Ray cluster started now (--workers workers)")
-    g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="run on this Ray cluster (e.g. ray://head:10001, auto)")
+    g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="run on this Ray cluster: auto (this node belongs to it) or HEAD_IP:6379")
     g.add_argument("--workers", type=int, default=1, help="concurrent workers of the --ray local cluster")
 
 
