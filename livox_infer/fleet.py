@@ -393,6 +393,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError("--threads and --workers must be >= 1")
     if args.ray and args.ray_address:
         raise ConfigError("give --ray (a local cluster) or --ray-address (an existing one), not both")
+    if args.ray or args.ray_address:
+        _import_ray()  # a missing extra fails before any work starts
 
 
 def settings_for(args: argparse.Namespace) -> Settings:

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +106,13 @@ def test_archive_run_one_output_per_input_failures_recorded_and_resumed(small_mo
     assert len((out / fleet.MANIFEST_NAME).read_text().splitlines()) == 9
 
 
-def test_archive_options_are_checked(small_model, tmp_path, capsys):  # noqa: F811
+def test_archive_options_are_checked(small_model, tmp_path, capsys, monkeypatch):  # noqa: F811
     (tmp_path / "a.pcd").write_text("x")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the optional extra were not installed
+    assert run([str(tmp_path), "--out-dir", str(tmp_path / "o"), "--ray"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install -r requirements-ray.txt" in err[0]
+    monkeypatch.undo()
     assert run([str(tmp_path), "--ray"]) == 2
     assert "need --out-dir" in capsys.readouterr().err
     assert run([str(tmp_path), "--out-dir", str(tmp_path / "o"), "--out", "x.jsonl"]) == 2
