@@ -52,11 +52,13 @@ RUN_ONLY_OPTIONS = frozenset({
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("archive (one output per input, resumable manifest; docs/fleet.md)")
     g.add_argument("--out-dir", default=None, help="write <input>.jsonl per input and manifest.jsonl here")
-    g.add_argument("--inputs-from", default=None, metavar="FILE", help="list file: one input path per line (also @FILE)")
+    g.add_argument("--inputs-from", default=None, metavar="FILE",
+                   help="list file: one input path per line (also @FILE)")
     g.add_argument("--annotated-bags", action="store_true", help="also write <input>.annotated rosbag2 per input")
     g.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     g.add_argument("--ray", action="store_true", help="run on a local Ray cluster started now (--workers workers)")
-    g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="run on this Ray cluster: auto (this node belongs to it) or HEAD_IP:6379")
+    g.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="run on this Ray cluster: auto (this node belongs to it) or HEAD_IP:6379")
     g.add_argument("--workers", type=int, default=1, help="concurrent workers of the --ray local cluster")
 
 
@@ -348,7 +350,8 @@ def run_on_ray(jobs: list[Job], settings: Settings, finished: Callable[[dict], N
     startup = time.perf_counter() - t0
     try:
         task = ray.remote(num_cpus=settings.threads)(detect_job)
-        pending = {task.remote(job, settings): job for job in jobs}
+        shared = ray.put(settings)  # stored once, not pickled into every task
+        pending = {task.remote(job, shared): job for job in jobs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -398,8 +401,10 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
-    return Settings(detect_args=vars(args).copy(), identity=model_identity(args), out_dir=str(Path(args.out_dir).resolve()),
-                    threads=args.threads, annotated_bags=args.annotated_bags, bag_storage=args.out_bag_storage,
+    """What the workers need: the detect options, the model identity and absolute output paths."""
+    return Settings(detect_args=vars(args).copy(), identity=model_identity(args),
+                    out_dir=str(Path(args.out_dir).resolve()), threads=args.threads,
+                    annotated_bags=args.annotated_bags, bag_storage=args.out_bag_storage,
                     bev_dir=str(Path(args.bev_dir).resolve()) if args.bev_dir else None)
 
 

@@ -1,4 +1,5 @@
-"""`livox-infer detect --out-dir`: an archive of inputs, one output each, a resumable manifest (livox_infer/fleet.py)."""
+"""`livox-infer detect --out-dir`: an archive of inputs, one output each, a resumable manifest (livox_infer/fleet.py);
+`livox-infer eval ARCHIVE --detections-dir`: AP per bag and pooled."""
 
 import argparse
 import json
@@ -39,7 +40,8 @@ def make_archive(root: Path) -> Path:
 
 
 def rows(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in path.read_text().splitlines()]
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+            for line in path.read_text().splitlines()]
 
 
 def manifest(out: Path) -> dict[str, dict]:
@@ -79,7 +81,8 @@ def test_archive_run_one_output_per_input_failures_recorded_and_resumed(small_mo
     assert not (out / "day1" / "broken.bin.jsonl").exists() and not list(out.rglob("*.part"))
     drive = m["day1/drive"]
     assert drive["status"] == "ok" and drive["frames"] == 2 and drive["model"] == "tiny"
-    assert len(drive["weights_sha256"]) == 64 and drive["boxes"] == sum(len(r["boxes"]) for r in rows(out / "day1/drive.jsonl"))
+    assert len(drive["weights_sha256"]) == 64
+    assert drive["boxes"] == sum(len(r["boxes"]) for r in rows(out / "day1" / "drive.jsonl"))
     assert [r["stamp"] for r in rows(out / "day1" / "drive.jsonl")] == [1000, 1001]
     assert len(list(read_detections(out / "day1" / "drive.annotated", detect_cli.DETECTIONS_TOPIC))) == 2
     assert "failed: day1/broken.bin" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from test_fleet import make_archive, manifest, rows, run
-from test_pipeline import scene_points, small_model  # noqa: F401 - fixture reuse
+from test_pipeline import small_model  # noqa: F401 - fixture reuse
 
 ray = pytest.importorskip("ray", reason="ray is not installed (optional extra: pip install -r requirements-ray.txt)")
 torch.set_num_threads(1)
