@@ -165,3 +165,15 @@ def test_eval_over_an_archive_per_bag_and_pooled(tmp_path, capsys):
     assert res["pooled"]["num_frames"] == 4 and res["pooled"]["num_gt"]["car"] == 4
     assert res["pooled"]["ap"]["car"]["bev@0.7"] == 0.5
     assert "pooled (2 bags)" in capsys.readouterr().out
+
+
+def test_bench_fleet_prints_frames_per_second(small_model, tmp_path, capsys):  # noqa: F811
+    from livox_infer.cli import main as cli_main
+
+    write_pcd(tmp_path / "a.pcd", scene_points(seed=1))
+    write_bin(tmp_path / "b.bin", scene_points(seed=2))
+    assert cli_main(["bench", "fleet", str(tmp_path), "--workers", "1", "--no-ray", "--model", str(small_model)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "2 inputs, 2 frames" in out[-3]
+    executor, workers, threads, _, _, rate = out[-1].rsplit(maxsplit=5)
+    assert executor == "this process" and (workers, threads) == ("1", "1") and float(rate) > 0
