@@ -47,6 +47,8 @@ RUN_ONLY_OPTIONS = frozenset({
     "command", "_module", "input", "out", "out_dir", "inputs_from", "ray", "ray_address", "workers", "threads",
     "bev_dir", "out_bag", "out_bag_storage", "annotated_bags",
 })
+# options that may name a file: made absolute (Ray workers on other nodes do not share this working directory)
+PATH_OPTIONS = ("model", "weights", "aoti_package")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -401,7 +403,12 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
-    """What the workers need: the detect options, the model identity and absolute output paths."""
+    """What the workers need: the detect options (file paths absolute), the model identity, absolute output paths."""
+    args = argparse.Namespace(**vars(args))
+    for key in PATH_OPTIONS:
+        value = getattr(args, key, None)
+        if value and Path(value).exists():
+            setattr(args, key, str(Path(value).resolve()))
     return Settings(detect_args=vars(args).copy(), identity=model_identity(args),
                     out_dir=str(Path(args.out_dir).resolve()), threads=args.threads,
                     annotated_bags=args.annotated_bags, bag_storage=args.out_bag_storage,

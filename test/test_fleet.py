@@ -177,3 +177,14 @@ def test_bench_fleet_prints_frames_per_second(small_model, tmp_path, capsys):  #
     assert "2 inputs, 2 frames" in out[-3]
     executor, workers, threads, _, _, rate = out[-1].rsplit(maxsplit=5)
     assert executor == "this process" and (workers, threads) == ("1", "1") and float(rate) > 0
+
+
+def test_file_options_reach_the_workers_as_absolute_paths(small_model, tmp_path, monkeypatch):  # noqa: F811
+    """A worker on another node has another working directory; the settings hash must not depend on it either."""
+    p = argparse.ArgumentParser()
+    detect_cli.add_arguments(p)
+    absolute = fleet.settings_for(p.parse_args([str(tmp_path), "--out-dir", "o", "--model", str(small_model)]))
+    monkeypatch.chdir(small_model.parent)
+    relative = fleet.settings_for(p.parse_args([str(tmp_path), "--out-dir", "o", "--model", small_model.name]))
+    assert relative.detect_args["model"] == str(small_model.resolve())
+    assert relative.identity == absolute.identity
