@@ -38,6 +38,8 @@ setup(
     # torch, triton, rosbags, safetensors and the ROS 2 wheels are pinned in requirements.txt and installed by
     # scripts/setup.sh (torch must be the CPU/CUDA build the user chooses, never an unpinned default).
     install_requires=["setuptools", "numpy", "pyyaml"],
+    # `livox-infer detect --out-dir ... --ray`: same pin as requirements-ray.txt (test_packaging checks)
+    extras_require={"ray": ["ray==2.60.0"]},
     zip_safe=False,
     maintainer="livox_infer developers",
     maintainer_email="livox-infer@example.com",

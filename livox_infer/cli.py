@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("livox_infer.sim.cli", "simulate Livox scans with ground truth into a rosbag2"),
     "train": ("livox_infer.model.train", "train the detector on simulated scans"),
     "eval": ("livox_infer.model.evaluate", "average precision against ground truth"),
-    "detect": ("livox_infer.detect_cli", "run the detector over a bag or point files"),
+    "detect": ("livox_infer.detect_cli", "run the detector over a bag or point files, or an archive of them (--out-dir, Ray)"),
     "run": ("livox_infer.node", "start the ROS 2 detector node from a preset YAML (no ros2 launch needed)"),
     "replay": ("livox_infer.replay", "publish a bag's clouds into ROS with recorded timing"),
     "export": ("livox_infer.model.export", "AOTInductor package of the network for machines without a compiler"),
@@ -31,6 +31,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "voxelize": ("livox_infer.bench.voxelize", "Triton voxelizer vs torch eager / compiled"),
     "pipeline": ("livox_infer.bench.pipeline", "decode -> voxelize -> network -> boxes, eager vs compiled"),
     "startup": ("livox_infer.bench.startup", "node start to first detection, inductor cache cold and warm"),
+    "fleet": ("livox_infer.bench.fleet", "detection over an archive: frames/s in one process vs Ray, by workers"),
 }
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

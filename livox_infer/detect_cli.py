@@ -6,6 +6,8 @@ more .pcd/.bin files, or a directory of them. One JSON line per frame:
 "sensor_height": m, "boxes": [{"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}, ...]}``.
 Optional: ``--bev-dir`` writes a bird's-eye PNG per frame, ``--out-bag`` a rosbag2 with the clouds
 and the detections (vision_msgs/Detection3DArray on /livox_infer/detections) for RViz / Foxglove.
+``--out-dir DIR`` instead of ``--out`` runs over an archive (one output per recording, a resumable
+manifest, optionally on Ray): see livox_infer/fleet.py and docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
 from livox_infer.pointcloud import Cloud
 from livox_infer.threads import add_threads_argument
 
-POINT_SUFFIXES = (".pcd", ".bin")
+POINT_SUFFIXES = (".pcd", ".bin", ".npy")
 DETECTIONS_TOPIC = "/livox_infer/detections"
 CLASS_COLORS = {"car": "tab:red", "pedestrian": "tab:green", "cyclist": "tab:blue"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", nargs="+", help="rosbag2 (dir/.db3/.mcap), .pcd/.bin files, or a directory of them")
-    p.add_argument("--out", required=True, help="detections JSONL file ('-' for stdout)")
+    p.add_argument("input", nargs="*", help="rosbag2 (dir/.db3/.mcap), .pcd/.bin/.npy files, or a directory of them; "
+                   "with --out-dir: directories are searched recursively and @FILE names a list of inputs")
+    p.add_argument("--out", help="detections JSONL file ('-' for stdout); or --out-dir")
     p.add_argument("--topic", default=None, help="cloud topic in the bag (default: every cloud topic)")
     p.add_argument("--model", default="lite", help="model config: lite, full or a YAML path")
     p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
@@ -50,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
     p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
     add_threads_argument(p)
+    from livox_infer.fleet import add_arguments as add_fleet_arguments
+
+    add_fleet_arguments(p)
 
 
 def is_bag(path: Path) -> bool:
@@ -72,10 +78,10 @@ def iter_inputs(inputs: list[str], topic: str | None) -> Iterator[tuple[str, Clo
             continue
         files = sorted(q for q in path.iterdir() if q.suffix.lower() in POINT_SUFFIXES) if path.is_dir() else [path]
         if path.is_dir() and not files:
-            raise PointCloudError(f"{path} is neither a rosbag2 nor a directory with .pcd/.bin files")
+            raise PointCloudError(f"{path} is neither a rosbag2 nor a directory with .pcd/.bin/.npy files")
         for i, f in enumerate(files):
             if f.suffix.lower() not in POINT_SUFFIXES:
-                raise PointCloudError(f"{f}: expected a rosbag2, .pcd or .bin file")
+                raise PointCloudError(f"{f}: expected a rosbag2, .pcd, .bin or .npy file")
             yield f.name, Cloud(read_points_file(f), stamp_ns=i, frame_id="livox_frame")
 
 
@@ -124,25 +130,56 @@ def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[
     plt.close(fig)
 
 
-def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+def build_pipeline(args: argparse.Namespace):
+    """The DetectionPipeline the detect options describe (also built by the archive workers, livox_infer/fleet.py)."""
     from livox_infer.pipeline import DetectionPipeline
 
     try:
         sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     except ValueError:
-        print(f"livox-infer detect: --sensor-height must be metres or 'auto', got {args.sensor_height!r}", file=sys.stderr)
+        raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
+    return DetectionPipeline(
+        args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
+        sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
+        score_thresholds=args.score_threshold, tag_filter=args.tag_filter, aoti_package=args.aoti_package,
+        test_time_flip=args.test_time_flip, refine=not args.no_refine,
+    )
+
+
+def detection_row(source: str, cloud: Cloud, det) -> dict:
+    """One JSONL row: a frame's detections (the format in the module docstring)."""
+    return {
+        "stamp": int(cloud.stamp_ns), "frame_id": cloud.frame_id, "source": source,
+        "latency_ms": round(det.timings_ms["total"], 3),
+        "timings_ms": {k: round(v, 3) for k, v in det.timings_ms.items()},
+        "sensor_height": round(det.sensor_height, 3), "boxes": det.to_dicts(),
+    }
+
+
+def write_annotated(writer, cloud: Cloud, det) -> None:
+    """The cloud (xyzi PointCloud2 on /livox/lidar) and its detections into an open BagWriter."""
+    from livox_infer.pointcloud import encode_pointcloud2
+
+    frame_id = cloud.frame_id or "livox_frame"
+    writer.write_cloud("/livox/lidar", encode_pointcloud2(cloud.points, "xyzi", stamp_ns=cloud.stamp_ns, frame_id=frame_id))
+    writer.write_detections(DETECTIONS_TOPIC, cloud.stamp_ns, frame_id, det.boxes, det.labels, det.scores)
+
+
+def main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from livox_infer import fleet
+
+    if fleet.is_batch(args):
+        return fleet.main(args)
+    if not args.input or not args.out:
+        print("livox-infer detect: give INPUT... --out FILE (one output), or --out-dir DIR (one output per input)",
+              file=sys.stderr)
         return 2
     writer = None
     out = None
     try:
-        pipe = DetectionPipeline(
-            args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
-            sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
-            score_thresholds=args.score_threshold, tag_filter=args.tag_filter, aoti_package=args.aoti_package,
-            test_time_flip=args.test_time_flip, refine=not args.no_refine,
-        )
+        pipe = build_pipeline(args)
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
         print(f"livox-infer detect: pipeline ready ({pipe.startup.summary()})", file=sys.stderr)
@@ -162,23 +199,12 @@ def main(args: argparse.Namespace) -> int:
                 break
             det = pipe.detect(cloud)
             latencies.append(det.timings_ms["total"])
-            row = {
-                "stamp": int(cloud.stamp_ns), "frame_id": cloud.frame_id, "source": source,
-                "latency_ms": round(det.timings_ms["total"], 3),
-                "timings_ms": {k: round(v, 3) for k, v in det.timings_ms.items()},
-                "sensor_height": round(det.sensor_height, 3), "boxes": det.to_dicts(),
-            }
-            out.write(json.dumps(row) + "\n")
+            out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
             if bev_dir:
                 save_bev_png(bev_dir / f"frame_{n:06d}.png", cloud.points, det.boxes, det.label_names, det.scores,
                              extent, f"{source} #{n}  {len(det)} boxes  {det.timings_ms['total']:.1f} ms")
             if writer is not None:
-                from livox_infer.pointcloud import encode_pointcloud2
-
-                frame_id = cloud.frame_id or "livox_frame"
-                writer.write_cloud("/livox/lidar", encode_pointcloud2(
-                    cloud.points, "xyzi", stamp_ns=cloud.stamp_ns, frame_id=frame_id))
-                writer.write_detections(DETECTIONS_TOPIC, cloud.stamp_ns, frame_id, det.boxes, det.labels, det.scores)
+                write_annotated(writer, cloud, det)
             n += 1
         if n == 0:
             raise PointCloudError("no point clouds found in the input")

@@ -68,15 +68,15 @@ create_venv() {
 
 # ---------------------------------------------------------------- 3. pinned requirements
 install_requirements() {
-    local want; want="$( { cat requirements.txt requirements-ros-build.txt; "$VENV/bin/python" --version; } | sha256sum | cut -d' ' -f1)"
+    local want; want="$( { cat requirements.txt requirements-ros-build.txt requirements-ray.txt; "$VENV/bin/python" --version; } | sha256sum | cut -d' ' -f1)"
     stamp_ok requirements "$want" && return 0
-    log "pip install -r requirements.txt -r requirements-ros-build.txt (CPU torch; first run takes a few minutes)"
+    log "pip install -r requirements.txt -r requirements-ros-build.txt -r requirements-ray.txt (CPU torch; first run takes a few minutes)"
     # torch==X+cpu is only found in a local wheel directory or PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL),
     # never on the default index: a missing CPU wheel fails here instead of pulling the CUDA build.
     "$VENV/bin/python" -m pip install -qq --disable-pip-version-check setuptools==84.2.1 \
         || die "pip could not install setuptools"
     "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
-        -r requirements.txt -r requirements-ros-build.txt \
+        -r requirements.txt -r requirements-ros-build.txt -r requirements-ray.txt \
         || die "pip install failed (torch==2.13.0+cpu needs PyTorch's CPU wheel index as PIP_EXTRA_INDEX_URL, see docs/install.md)"
     stamp_set requirements "$want"
 }
@@ -132,7 +132,7 @@ check_environment() {
 import importlib
 for name in ("torch", "triton", "numpy", "rosbags", "safetensors", "yaml", "rclpy", "sensor_msgs.msg",
              "visualization_msgs.msg", "diagnostic_msgs.msg", "vision_msgs.msg", "livox_ros_driver2.msg",
-             "livox_infer"):
+             "ray", "livox_infer"):
     importlib.import_module(name)
 EOF
 }

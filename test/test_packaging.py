@@ -66,13 +66,17 @@ def test_setup_cfg_puts_colcon_scripts_where_ros2_run_looks():
 
 
 # ------------------------------------------------------------------ requirements
-def _requirement_lines(name: str) -> list[str]:
-    return [line.strip() for line in (REPO / name).read_text().splitlines()
+# What scripts/setup.sh installs into the venv (requirements-colcon.txt is the ROS-install subset).
+VENV_REQUIREMENTS = ("requirements.txt", "requirements-ros-build.txt", "requirements-ray.txt")
+
+
+def _requirement_lines(*names: str) -> list[str]:
+    return [line.strip() for name in names for line in (REPO / name).read_text().splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
 
 
 def test_requirements_are_pinned_and_torch_is_the_cpu_build():
-    lines = _requirement_lines("requirements.txt") + _requirement_lines("requirements-ros-build.txt")
+    lines = _requirement_lines(*VENV_REQUIREMENTS)
     for line in lines:
         assert re.fullmatch(r"[a-z0-9][a-z0-9-]*==[A-Za-z0-9.+]+", line), f"not an exact pin: {line!r}"
     names = [line.split("==")[0] for line in lines]
@@ -91,9 +95,18 @@ def test_requirements_are_pinned_and_torch_is_the_cpu_build():
     assert not {"rclpy", "std-msgs", "vision-msgs", "livox-infer"} & set(pins)
 
 
+def test_ray_extra_is_pinned_like_its_requirements_file():
+    """`pip install '.[ray]'` and `pip install -r requirements-ray.txt` install the same ray."""
+    pins = dict(line.split("==") for line in _requirement_lines("requirements-ray.txt"))
+    extra = re.search(r'extras_require=\{"ray": \["ray==([^"]+)"\]\}', (REPO / "setup.py").read_text())
+    assert extra and extra.group(1) == pins["ray"]
+    setup_sh = (REPO / "scripts" / "setup.sh").read_text()
+    assert setup_sh.count("requirements-ray.txt") >= 2  # in the stamp and in the pip install
+
+
 @needs_setup_venv
 def test_venv_matches_the_pins():
-    lines = _requirement_lines("requirements.txt") + _requirement_lines("requirements-ros-build.txt")
+    lines = _requirement_lines(*VENV_REQUIREMENTS)
     wrong = []
     for name, version in (line.split("==") for line in lines):
         try:
@@ -108,7 +121,7 @@ def test_venv_matches_the_pins():
 @needs_setup_venv
 def test_every_installed_distribution_is_pinned():
     """A package installed by hand works here but not in CI's fresh venv: it must be pinned first."""
-    lines = _requirement_lines("requirements.txt") + _requirement_lines("requirements-ros-build.txt")
+    lines = _requirement_lines(*VENV_REQUIREMENTS)
     pinned = {line.split("==")[0] for line in lines}
     unpinned = []
     for dist in metadata.distributions():

@@ -350,9 +350,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")
     p.add_argument("--out", help="write the results as JSON here")
     add_threads_argument(p)
+    from livox_infer.evaluation.archive import add_arguments as add_archive_arguments
     from livox_infer.evaluation.real import add_arguments as add_real_arguments
 
     add_real_arguments(p)
+    add_archive_arguments(p)
 
 
 def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
@@ -413,6 +415,10 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
+        if args.detections_dir:
+            from livox_infer.evaluation.archive import main_archive
+
+            return main_archive(args)
         if args.real:
             from livox_infer.evaluation.real import main_real
 
