@@ -147,7 +147,8 @@ class Accumulator:
 
     ``add(cloud, pose=None)`` returns the accumulated cloud in the newest cloud's frame and stamp: older frames are
     moved by inv(pose_now) @ pose_then where both poses are known, stacked as they are otherwise. Point times are
-    re-based on the newest stamp (older points get negative times). With poses, each cloud is deskewed first."""
+    re-based on the newest stamp (older points get negative times). With poses, each cloud is deskewed first.
+    A cloud with the newest stamp again replaces that frame; an older stamp (a bag loop) starts over."""
 
     def __init__(self, frames: int = 1, window_ms: float = 0.0) -> None:
         self.frames, self.window_ms = check_window(frames, window_ms)
@@ -162,6 +163,8 @@ class Accumulator:
         stamp = int(cloud.stamp_ns)
         if self._history and stamp < self._history[-1].stamp_ns:
             self._history.clear()  # time went back (bag loop, sim restart): the old frames belong elsewhere
+        elif self._history and stamp == self._history[-1].stamp_ns:
+            self._history.pop()  # the same frame again (re-sent): it replaces itself
         prev = self._history[-1] if self._history else None
         if pose is not None and prev is not None and prev.pose is not None and stamp > prev.stamp_ns:
             cloud = deskew(cloud, np.linalg.inv(prev.pose) @ pose, (stamp - prev.stamp_ns) * 1e-9)

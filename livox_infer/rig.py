@@ -37,8 +37,8 @@ import numpy as np
 
 from livox_infer.errors import ConfigError
 from livox_infer.pointcloud import Cloud
+from livox_infer.presets import SENSOR_PRESETS as SENSOR_MODELS
 
-SENSOR_MODELS = ("mid40", "mid70", "tele15", "horizon", "avia")
 EXTRINSIC_KEYS = ("x", "y", "z", "roll", "pitch", "yaw")
 RIG_KEYS = {"output_frame", "merge_tolerance_ms", "bev_extent", "sensor_height", "sensors"}
 SENSOR_KEYS = {"name", "topic", "model", "extrinsic", "matrix"}
@@ -271,6 +271,16 @@ class RigMerger:
         self._open = {}
         self._last_ref_ns, self._ref_ns = self._ref_ns, None
         return frame
+
+
+def rig_pipeline_options(rig: Rig) -> dict:
+    """DetectionPipeline options a rig fixes: its grid and ground in the output frame; the sensor presets'
+    ROI and range window (sensor-frame, forward) do not apply to a merged cloud."""
+    level = rig.sensor_height != "auto"  # a numeric height means a level output frame (base_link)
+    opts = {"roi": None, "max_range": None, "sensor_height": rig.sensor_height, "sensor_tilt": None if level else "auto"}
+    if rig.bev_extent is not None:
+        opts["bev_extent"] = rig.bev_extent
+    return opts
 
 
 def same_frame_rig(topics: list[str] | tuple[str, ...], model: str, tolerance_ms: float = DEFAULT_MERGE_TOLERANCE_MS) -> Rig:

@@ -249,3 +249,10 @@ def test_assembler_moves_sensors_into_the_output_frame_merges_and_accumulates():
     assert len(second) == 4 and second.stamp_ns == 100 * MS
     with pytest.raises(ConfigError, match="unknown rig sensor"):
         asm.add("rear", cloud([[1, 0, 0]]))
+
+
+def test_a_resent_frame_replaces_itself():
+    acc = Accumulator(frames=3)
+    acc.add(wall_scan(0.0, 0, n=10))
+    acc.add(wall_scan(0.0, 100, n=10))
+    assert len(acc.add(wall_scan(0.0, 100, n=10))) == 20
