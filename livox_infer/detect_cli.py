@@ -48,6 +48,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
     p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
+    add_rig_arguments(p)
+
+
+def add_rig_arguments(p: argparse.ArgumentParser) -> None:
+    from livox_infer.presets import SENSOR_PRESETS
+
+    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
+                   help="apply config/<sensor>.yaml as the node does (thresholds, ROI, range, tag filter, sensor "
+                        "height, grid); --device/--no-compile/--weights/--aoti-package still apply")
+    p.add_argument("--rig", default=None, help="rig YAML (docs/rigs.md): INPUT is a directory with one sub-folder "
+                   "per rig sensor; their clouds are merged into the rig's output frame and detected once")
+    p.add_argument("--accumulate-frames", type=int, default=1, help="detect on the last N frames stacked")
+    p.add_argument("--accumulate-ms", type=float, default=0.0, help="... only frames within T ms of the newest")
+
+
+def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
+    """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
+    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+                sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
+                intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
+                tag_filter=args.tag_filter, aoti_package=args.aoti_package, test_time_flip=args.test_time_flip,
+                refine=not args.no_refine)
+    if args.sensor:
+        from livox_infer.presets import load_preset, pipeline_options
+
+        runtime = ("device", "compile", "weights", "aoti_package")  # this machine's choices, not the preset's
+        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in runtime})
+        opts["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
+    if rig is not None:
+        from livox_infer.rig import rig_pipeline_options
+
+        opts.update(rig_pipeline_options(rig))
+    return opts
+
+
+def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud]]:
+    """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated."""
+    from livox_infer.rig import FrameAssembler, read_rig_directory, same_frame_rig
+
+    frames, window = args.accumulate_frames, args.accumulate_ms
+    if rig is None and frames == 1 and window == 0:
+        yield from iter_inputs(args.input, args.topic)
+        return
+    if rig is not None:
+        if len(args.input) != 1 or not Path(args.input[0]).is_dir():
+            raise PointCloudError("with --rig, INPUT is one directory with a sub-folder per rig sensor")
+        asm = FrameAssembler(rig, frames, window)
+        for source, name, cloud in read_rig_directory(rig, args.input[0]):
+            for merged in asm.add(name, cloud):
+                yield source.split("/")[-1], merged
+    else:
+        asm = FrameAssembler(same_frame_rig(["input"], args.sensor or "avia"), frames, window)
+        for source, cloud in iter_inputs(args.input, args.topic):
+            for merged in asm.add("input", cloud):
+                yield source, merged
+    for merged in asm.flush():
+        yield "last", merged
 
 
 def is_bag(path: Path) -> bool:
@@ -126,21 +184,18 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.rig import Rig
 
     try:
-        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+        args.sensor_height == "auto" or float(args.sensor_height)
     except ValueError:
         print(f"livox-infer detect: --sensor-height must be metres or 'auto', got {args.sensor_height!r}", file=sys.stderr)
         return 2
     writer = None
     out = None
     try:
-        pipe = DetectionPipeline(
-            args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
-            sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
-            score_thresholds=args.score_threshold, tag_filter=args.tag_filter, aoti_package=args.aoti_package,
-            test_time_flip=args.test_time_flip, refine=not args.no_refine,
-        )
+        rig = Rig.load(args.rig) if args.rig else None
+        pipe = DetectionPipeline(**pipeline_kwargs(args, rig))
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
         extent = pipe.cfg.grid.region
@@ -154,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w")
         n = 0
         latencies = []
-        for source, cloud in tqdm(iter_inputs(args.input, args.topic), desc="detect", unit="frame", file=sys.stderr):
+        for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
             if args.max_frames is not None and n >= args.max_frames:
                 break
             det = pipe.detect(cloud)

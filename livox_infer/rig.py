@@ -320,3 +320,30 @@ class FrameAssembler:
     def _accumulate(self, merged: MergedFrame) -> Cloud:
         pose = None if self.poses is None else self.poses.at(merged.cloud.stamp_ns)
         return self.accumulator.add(merged.cloud, pose)
+
+
+OFFLINE_FRAME_PERIOD_NS = 100_000_000  # point files carry no stamps: the i-th file of each sensor is frame i, 10 Hz
+
+
+def read_rig_directory(rig: Rig, root: str | Path):
+    """(source, sensor name, Cloud) for a directory with one sub-folder per sensor (root/<name>/*.pcd|.bin), in
+    frame order: the i-th file (sorted by name) of every sensor folder forms frame i (stamp i x 100 ms)."""
+    from livox_infer.errors import PointCloudError
+    from livox_infer.pointfiles import read_cloud_file
+
+    root = Path(root)
+    files = {}
+    for s in rig.sensors:
+        folder = root / s.name
+        if not folder.is_dir():
+            raise PointCloudError(f"{root}: no sub-folder {s.name!r} for rig sensor {s.name} ({s.model}); "
+                                  f"expected one folder per sensor named as in the rig")
+        files[s.name] = sorted(f for f in folder.iterdir() if f.suffix.lower() in (".pcd", ".bin"))
+        if not files[s.name]:
+            raise PointCloudError(f"{folder}: no .pcd/.bin files")
+    for i in range(max(len(v) for v in files.values())):
+        for name, paths in files.items():
+            if i < len(paths):
+                cloud = read_cloud_file(paths[i], frame_id=name)
+                cloud.stamp_ns = i * OFFLINE_FRAME_PERIOD_NS
+                yield f"{name}/{paths[i].name}", name, cloud
