@@ -140,6 +140,7 @@ class _Frame:
     stamp_ns: int
     cloud: Cloud
     pose: np.ndarray | None
+    deskewed: bool = False
 
 
 class Accumulator:
@@ -166,9 +167,14 @@ class Accumulator:
         elif self._history and stamp == self._history[-1].stamp_ns:
             self._history.pop()  # the same frame again (re-sent): it replaces itself
         prev = self._history[-1] if self._history else None
+        deskewed = False
         if pose is not None and prev is not None and prev.pose is not None and stamp > prev.stamp_ns:
-            cloud = deskew(cloud, np.linalg.inv(prev.pose) @ pose, (stamp - prev.stamp_ns) * 1e-9)
-        self._history.append(_Frame(stamp, cloud, None if pose is None else np.asarray(pose, dtype=np.float64)))
+            motion, dt = np.linalg.inv(prev.pose) @ pose, (stamp - prev.stamp_ns) * 1e-9
+            cloud, deskewed = deskew(cloud, motion, dt), cloud.time is not None
+            if not prev.deskewed and prev.cloud.time is not None:  # a first frame: its own motion is known now
+                prev.cloud, prev.deskewed = deskew(prev.cloud, motion, dt), True
+        self._history.append(_Frame(stamp, cloud, None if pose is None else np.asarray(pose, dtype=np.float64),
+                                    deskewed))
         if self.window_ms > 0:
             while self._history[0].stamp_ns < stamp - self.window_ms * 1e6:
                 self._history.popleft()

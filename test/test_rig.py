@@ -256,3 +256,10 @@ def test_a_resent_frame_replaces_itself():
     acc.add(wall_scan(0.0, 0, n=10))
     acc.add(wall_scan(0.0, 100, n=10))
     assert len(acc.add(wall_scan(0.0, 100, n=10))) == 20
+
+
+def test_the_first_frame_is_deskewed_once_the_next_pose_gives_its_motion():
+    acc = Accumulator(frames=2)
+    acc.add(cloud([[19.5, 0, 0]], stamp_ms=0, time=[0.05]), pose_x(0.0))  # seen from x = 0.5: wall 20 m from x = 0
+    out = acc.add(cloud([[19.0, 0, 0]], stamp_ms=100, time=[0.0]), pose_x(1.0))
+    np.testing.assert_allclose(out.points[:, 0], [19.0, 19.0], atol=1e-5)  # both: the wall 19 m from x = 1
