@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.pointcloud import check_pointcloud2
 from livox_infer.presets import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
@@ -113,9 +114,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("odometry_topic", "", "nav_msgs/Odometry of the output (or cloud) frame: accumulated frames are "
               "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True),
     ParamSpec("accumulate_frames", 1, "Detect on the last N frames stacked (1 = each frame alone).",
-              read_only=True, int_range=(1, 50)),
+              read_only=True, int_range=(1, MAX_FRAMES)),
     ParamSpec("accumulate_ms", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit).",
-              read_only=True, float_range=(0.0, 5000.0)),
+              read_only=True, float_range=(0.0, MAX_WINDOW_MS)),
     ParamSpec("latency_window", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
               read_only=True, int_range=(10, 100_000)),
 )
@@ -161,6 +162,8 @@ def _check_arrays(values: dict[str, Any]) -> str | None:
     if topics is not None:
         if not topics or any(not str(t).startswith("/") for t in topics) or len(set(topics)) != len(topics):
             return f"input_topics must be distinct absolute topic names, got {list(topics)!r}"
+        if values.get("rig"):
+            return "give either rig (its sensors name their topics) or input_topics, not both"
     return None
 
 
@@ -667,6 +670,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params-file", default=None,
                         help="ROS 2 parameter YAML instead of the preset (its own 'sensor' applies)")
     parser.add_argument("--input-topic", default=None, help="override input_topic")
+    parser.add_argument("--rig", default=None, help="rig YAML: several LiDARs merged into its output frame "
+                        "(a path or a name under config/, e.g. rigs/livox_dataset_v1.yaml; docs/rigs.md)")
     parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
     parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
                         help="override use_compile")
@@ -697,6 +702,8 @@ def ros_arguments(args: argparse.Namespace) -> list[str]:
     out = ["livox-infer-run", "--ros-args", "--params-file", params_file]
     if args.input_topic:
         out += ["-p", f"input_topic:={args.input_topic}"]
+    if getattr(args, "rig", None):
+        out += ["-p", f"rig:={args.rig}"]
     if args.device:
         out += ["-p", f"device:={args.device}"]
     if args.use_compile is not None:

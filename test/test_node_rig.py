@@ -117,3 +117,34 @@ def test_accumulation_is_motion_compensated_with_odometry(ros):
     last = next(d for d in dets.msgs if ros_msgs.stamp_to_ns(d.header.stamp) == t0 + 100_000_000)
     assert last.detections[0].bbox.center.position.x == pytest.approx(9.5, abs=0.15)
     assert node._assembler.accumulator.compensated == 1
+
+
+def test_run_passes_the_rig_to_the_node():
+    import argparse
+
+    from livox_infer.node import add_arguments, ros_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ros_arguments(parser.parse_args(["--sensor", "horizon", "--rig", "rigs/livox_dataset_v1.yaml"]))
+    assert argv[argv.index("rig:=rigs/livox_dataset_v1.yaml") - 1] == "-p"
+
+
+def test_input_topics_merge_clouds_already_in_one_frame(ros):
+    a, b = "/" + unique("a"), "/" + unique("b")
+    node, _, (pub_a, pub_b), dets, factory = start(ros, {"input_topics": [a, b]}, [a, b])
+    assert factory.built[0].options["roi"] is not None  # no rig: the preset's ROI still applies
+    merger = node._assembler.merger
+    assert publish_while(pub_a, cloud_msg(stamp_ns=3_000_000_000, frame_id="vehicle", centre=(10.0, 0.0, 0.0)),
+                         lambda: a in merger._open)
+    assert publish_while(pub_b, cloud_msg(stamp_ns=3_000_000_000, frame_id="vehicle", centre=(20.0, 0.0, 0.0)),
+                         lambda: len(dets.msgs) >= 1)
+    assert dets.msgs[0].header.frame_id == "vehicle"
+    assert dets.msgs[0].detections[0].bbox.center.position.x == pytest.approx(15.0, abs=0.15)
+
+
+def test_rig_and_input_topics_together_are_refused(ros):
+    with pytest.raises(ValueError, match="either rig"):
+        DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("bad"), context=ros.context,
+                     parameter_overrides=[Parameter("rig", value="rigs/livox_dataset_v1.yaml"),
+                                          Parameter("input_topics", value=["/a", "/b"])])

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
+                   help="run on this grid (a preset's bev_extent) instead of the model's")
 
 
 def make_messages(sensor: str, n: int, seed: int):
@@ -60,7 +62,8 @@ def run_mode(msgs, mode: str, args, sensor_height) -> tuple[dict[str, np.ndarray
     t0 = time.perf_counter()
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
                              sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None,
-                             test_time_flip=args.test_time_flip, refine=not args.no_refine)
+                             test_time_flip=args.test_time_flip, refine=not args.no_refine,
+                             bev_extent=args.bev_extent)
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)
