@@ -313,8 +313,9 @@ class DetectorNode(Node):
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
+        topics = [x.topic for x in self._assembler.rig.sensors] if self._assembler else [self._values["input_topic"]]
         self.get_logger().info(
-            f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
+            f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
             f"{self._values['model']}, device {self._describe_backend()})"
         )
 

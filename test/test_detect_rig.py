@@ -126,3 +126,15 @@ def test_livox_dataset_rig_gives_boxes_all_around_the_vehicle_in_base_link(tmp_p
     assert (cars[:, 1] > 3).any() and (cars[:, 1] < -3).any(), cars
     # the close car on the left, rear-left camera: about 9 m behind, 6 m left
     assert (np.hypot(cars[:, 0] + 8.7, cars[:, 1] - 6.1) < 1.5).any(), cars
+
+
+def test_eval_sensor_runs_and_scores_on_the_preset_grid():
+    from livox_infer.model import evaluate as evaluate_cli
+    from livox_infer.model.config import ModelConfig
+
+    p = argparse.ArgumentParser()
+    evaluate_cli.add_arguments(p)
+    args = p.parse_args(["--sim-frames", "1", "--sensor", "tele15"])  # was "ambiguous option" (--sensors)
+    assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 153.6, -19.2, 19.2)
+    args = p.parse_args(["--sim-frames", "1"])
+    assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 57.6, -28.8, 28.8)

@@ -57,6 +57,7 @@ def main_accumulated(args, pipe) -> int:
     from livox_infer.model.evaluate import (
         SIM_EVAL_SEED_BASE,
         FrameBoxes,
+        eval_region,
         evaluate,
         parse_ranges,
         parse_sim_options,
@@ -68,7 +69,7 @@ def main_accumulated(args, pipe) -> int:
     if not 2 <= k <= 20:
         raise ConfigError(f"--sim-accumulate must be 2..20 frames, got {k}")
     sim_options = parse_sim_options(args.sim_option)
-    region = tuple(args.region) if args.region else pipe.cfg.grid.region
+    region = eval_region(args, pipe.cfg)
     sensors = [args.sensor] if args.sensor else [s.strip() for s in args.sensors.split(",") if s.strip()]
     dets: dict[str, dict[str, list]] = {m: {} for m in MODES}
     gts: dict[str, list] = {}

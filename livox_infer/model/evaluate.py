@@ -439,7 +439,7 @@ def main(args: argparse.Namespace) -> int:
         if not gts:
             raise ConfigError("no ground-truth frames found")
         cfg = ModelConfig.load(args.model)
-        region = tuple(args.region) if args.region else cfg.grid.region
+        region = eval_region(args, cfg)
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
                                    "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip,
                                    "refine": not args.no_refine}
@@ -500,6 +500,18 @@ def scan_detector(pipe):
     return detect
 
 
+def eval_region(args: argparse.Namespace, cfg) -> tuple[float, float, float, float]:
+    """--region, else the grid the detector runs on (the --sensor preset's, --bev-extent, or the model's own)."""
+    if args.region:
+        return tuple(args.region)
+    extent = getattr(args, "bev_extent", None)
+    if getattr(args, "sensor", None):
+        from livox_infer.presets import load_preset, pipeline_options
+
+        extent = pipeline_options(load_preset(args.sensor))["bev_extent"] or extent
+    return cfg.with_extent(extent).grid.region if extent else cfg.grid.region
+
+
 def _pipeline(args: argparse.Namespace):
     """The detection pipeline the eval options describe."""
     from livox_infer.pipeline import DetectionPipeline
@@ -520,7 +532,7 @@ def _pipeline(args: argparse.Namespace):
 def _main_sim(args: argparse.Namespace) -> int:
     pipe = _pipeline(args)
     cfg = pipe.cfg
-    region = tuple(args.region) if args.region else cfg.grid.region  # the grid the pipeline runs on
+    region = eval_region(args, cfg)
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
     fns = {f"model {cfg.name}": scan_detector(pipe)}
