@@ -192,7 +192,8 @@ class Accumulator:
                 if inv_now is not None and f.pose is not None:
                     rel = inv_now @ f.pose
                     pts = pts.copy()
-                    pts[:, :3] = (f.cloud.points[:, :3].astype(np.float64) @ rel[:3, :3].T + rel[:3, 3]).astype(np.float32)
+                    xyz = f.cloud.points[:, :3].astype(np.float64)
+                    pts[:, :3] = (xyz @ rel[:3, :3].T + rel[:3, 3]).astype(np.float32)
                     self.compensated += 1
                 else:
                     self.plain += 1

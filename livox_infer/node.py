@@ -340,7 +340,8 @@ class DetectorNode(Node):
                 desc.additional_constraints = "one of: " + ", ".join(spec.choices)
             if spec.array_type is not None:  # may stay unset: declared by type (ROS cannot infer it from [])
                 kind = Parameter.Type.DOUBLE_ARRAY if spec.array_type == "double" else Parameter.Type.STRING_ARRAY
-                if kind == Parameter.Type.DOUBLE_ARRAY and given is not None and given.type_ == Parameter.Type.INTEGER_ARRAY:
+                ints = given is not None and given.type_ == Parameter.Type.INTEGER_ARRAY
+                if kind == Parameter.Type.DOUBLE_ARRAY and ints:  # [0, 80, -40, 40] means doubles
                     overrides[spec.name] = Parameter(spec.name, value=[float(v) for v in given.value])
                 self.declare_parameter(spec.name, kind, desc)
                 continue

@@ -277,13 +277,15 @@ def rig_pipeline_options(rig: Rig) -> dict:
     """DetectionPipeline options a rig fixes: its grid and ground in the output frame; the sensor presets'
     ROI and range window (sensor-frame, forward) do not apply to a merged cloud."""
     level = rig.sensor_height != "auto"  # a numeric height means a level output frame (base_link)
-    opts = {"roi": None, "max_range": None, "sensor_height": rig.sensor_height, "sensor_tilt": None if level else "auto"}
+    opts = {"roi": None, "max_range": None, "sensor_height": rig.sensor_height,
+            "sensor_tilt": None if level else "auto"}
     if rig.bev_extent is not None:
         opts["bev_extent"] = rig.bev_extent
     return opts
 
 
-def same_frame_rig(topics: list[str] | tuple[str, ...], model: str, tolerance_ms: float = DEFAULT_MERGE_TOLERANCE_MS) -> Rig:
+def same_frame_rig(topics: list[str] | tuple[str, ...], model: str,
+                   tolerance_ms: float = DEFAULT_MERGE_TOLERANCE_MS) -> Rig:
     """A rig of clouds that already share one frame (e.g. livox_ros_driver2 applied its extrinsics): merged as
     they are and published in their own frame_id (output_frame "")."""
     sensors = tuple(RigSensor(t, t, model, np.eye(4)) for t in topics)

@@ -148,3 +148,13 @@ def test_rig_and_input_topics_together_are_refused(ros):
         DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("bad"), context=ros.context,
                      parameter_overrides=[Parameter("rig", value="rigs/livox_dataset_v1.yaml"),
                                           Parameter("input_topics", value=["/a", "/b"])])
+
+
+def test_bev_extent_given_as_integers_is_taken_as_metres_and_changes_rebuild(ros):
+    topic = "/" + unique("cloud")
+    node, _, _, _, factory = start(ros, {"input_topic": topic, "bev_extent": [0, 80, -48, 48]}, [topic])
+    assert factory.built[0].options["bev_extent"] == (0.0, 80.0, -48.0, 48.0)
+    result = node.set_parameters([Parameter("bev_extent", value=[0.0, 153.6, -19.2, 19.2])])[0]
+    assert result.successful and factory.built[-1].options["bev_extent"] == (0.0, 153.6, -19.2, 19.2)
+    bad = node.set_parameters([Parameter("bev_extent", value=[10.0, 0.0, -19.2, 19.2])])[0]
+    assert not bad.successful and "x_min < x_max" in bad.reason
