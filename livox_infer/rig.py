@@ -23,7 +23,8 @@ in millimetres; here they are metres, as everywhere in ROS).
 `RigMerger` pairs clouds by stamp: the first cloud of a frame opens it, clouds of the other sensors within
 ``merge_tolerance_ms`` join it, and it is emitted when every sensor has delivered, or - missing sensors counted -
 when a cloud newer than the tolerance opens the next frame. A cloud older than the open frame is late: counted
-and dropped (its frame is gone).
+and dropped (its frame is gone) - unless it is over a second older: then time restarted (a bag loop) and merging
+starts over.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ EXTRINSIC_KEYS = ("x", "y", "z", "roll", "pitch", "yaw")
 RIG_KEYS = {"output_frame", "merge_tolerance_ms", "bev_extent", "sensor_height", "sensors"}
 SENSOR_KEYS = {"name", "topic", "model", "extrinsic", "matrix"}
 DEFAULT_MERGE_TOLERANCE_MS = 50.0  # half a 10 Hz Livox frame
+TIME_JUMP_BACK_NS = 1_000_000_000  # a stamp this far behind the last frame: time restarted (bag loop), not late
 
 
 def rotation_rpy(roll_deg: float, pitch_deg: float, yaw_deg: float) -> np.ndarray:
@@ -210,6 +212,7 @@ class MergeStats:
     partial: int = 0  # emitted without every sensor
     late: int = 0  # clouds older than the open frame (dropped)
     replaced: int = 0  # a second cloud of one sensor within one frame (the newer kept)
+    restarts: int = 0  # time jumped back (a bag loop): the open frame was dropped and merging started over
     missing: dict[str, int] = field(default_factory=dict)  # per sensor: frames emitted without it
 
 
@@ -238,6 +241,10 @@ class RigMerger:
             raise ConfigError(f"unknown rig sensor {name!r}; sensors: {list(self.names)}")
         stamp = int(cloud.stamp_ns)
         out: list[MergedFrame] = []
+        newest = self._ref_ns if self._ref_ns is not None else self._last_ref_ns
+        if newest is not None and stamp < newest - TIME_JUMP_BACK_NS:
+            self.stats.restarts += 1
+            self._open, self._ref_ns, self._last_ref_ns = {}, None, None
         if self._ref_ns is None and self._last_ref_ns is not None and stamp <= self._last_ref_ns + self.tolerance_ns:
             self.stats.late += 1  # its frame has been emitted already
             return out

@@ -263,3 +263,13 @@ def test_the_first_frame_is_deskewed_once_the_next_pose_gives_its_motion():
     acc.add(cloud([[19.5, 0, 0]], stamp_ms=0, time=[0.05]), pose_x(0.0))  # seen from x = 0.5: wall 20 m from x = 0
     out = acc.add(cloud([[19.0, 0, 0]], stamp_ms=100, time=[0.0]), pose_x(1.0))
     np.testing.assert_allclose(out.points[:, 0], [19.0, 19.0], atol=1e-5)  # both: the wall 19 m from x = 1
+
+
+def test_time_going_back_restarts_merging_instead_of_dropping_everything_as_late():
+    m = RigMerger(["a", "b"], "base_link", tolerance_ms=30.0)
+    for stamp in (5000, 5100):
+        m.add("a", cloud([[1, 0, 0]], stamp_ms=stamp))
+        m.add("b", cloud([[1, 0, 0]], stamp_ms=stamp))
+    m.add("a", cloud([[1, 0, 0]], stamp_ms=0))  # the bag starts again
+    (frame,) = m.add("b", cloud([[1, 0, 0]], stamp_ms=5))
+    assert frame.cloud.stamp_ns == 0 and m.stats.restarts == 1 and m.stats.late == 0
