@@ -624,7 +624,8 @@ class DetectorNode(Node):
 
     def _assembler_diagnostics(self) -> dict[str, Any]:
         m = self._assembler.merger.stats
-        out: dict[str, Any] = {"merged_frames": m.frames, "merged_partial": m.partial, "merge_late": m.late, "merge_restarts": m.restarts,
+        out: dict[str, Any] = {"merged_frames": m.frames, "merged_partial": m.partial, "merge_late": m.late,
+                               "merge_restarts": m.restarts,
                                "accumulated_compensated": self._assembler.accumulator.compensated,
                                "accumulated_plain": self._assembler.accumulator.plain}
         out.update({f"missing_{name}": n for name, n in m.missing.items()})
