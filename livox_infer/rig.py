@@ -193,7 +193,8 @@ def _parse_sensor(data: Any, what: str) -> RigSensor:
 
 def merge_clouds(clouds: list[Cloud], frame_id: str) -> Cloud:
     """One cloud from clouds already in ``frame_id``: points concatenated; stamp = the earliest; per-point
-    times (where every cloud has them) re-based on that stamp; tags kept where every cloud has them."""
+    times (where every cloud has them) re-based on that stamp; tags kept (0 = a normal point, which no tag filter
+    drops, for clouds without them)."""
     if not clouds:
         raise ConfigError("merge_clouds needs at least one cloud")
     frame_id = frame_id or clouds[0].frame_id
@@ -202,7 +203,9 @@ def merge_clouds(clouds: list[Cloud], frame_id: str) -> Cloud:
     time = None
     if all(c.time is not None for c in clouds):
         time = np.concatenate([c.time + (int(c.stamp_ns) - stamp) * 1e-9 for c in clouds])
-    tag = np.concatenate([c.tag for c in clouds]) if all(c.tag is not None for c in clouds) else None
+    tag = None
+    if any(c.tag is not None for c in clouds):
+        tag = np.concatenate([np.zeros(len(c), np.uint8) if c.tag is None else c.tag for c in clouds])
     return Cloud(np.ascontiguousarray(points), time, tag, stamp, frame_id)
 
 

@@ -273,3 +273,12 @@ def test_time_going_back_restarts_merging_instead_of_dropping_everything_as_late
     m.add("a", cloud([[1, 0, 0]], stamp_ms=0))  # the bag starts again
     (frame,) = m.add("b", cloud([[1, 0, 0]], stamp_ms=5))
     assert frame.cloud.stamp_ns == 0 and m.stats.restarts == 1 and m.stats.late == 0
+
+
+def test_tags_survive_a_merge_with_a_sensor_without_them():
+    from livox_infer.rig import merge_clouds
+
+    a = cloud([[1, 0, 0], [2, 0, 0]])
+    a.tag = np.array([0, 1], np.uint8)  # the second point is flagged as noise
+    merged = merge_clouds([a, cloud([[3, 0, 0]])], "base_link")
+    np.testing.assert_array_equal(merged.tag, [0, 1, 0])
