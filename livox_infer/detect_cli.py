@@ -86,7 +86,7 @@ def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
 
 def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud]]:
     """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated."""
-    from livox_infer.rig import FrameAssembler, read_rig_directory, same_frame_rig
+    from livox_infer.rig import FrameAssembler, read_rig_directory
 
     frames, window = args.accumulate_frames, args.accumulate_ms
     if rig is None and frames == 1 and window == 0:
@@ -99,13 +99,14 @@ def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud
         for source, name, cloud in read_rig_directory(rig, args.input[0]):
             for merged in asm.add(name, cloud):
                 yield source.split("/")[-1], merged
-    else:
-        asm = FrameAssembler(same_frame_rig(["input"], args.sensor or "avia"), frames, window)
-        for source, cloud in iter_inputs(args.input, args.topic):
-            for merged in asm.add("input", cloud):
-                yield source, merged
-    for merged in asm.flush():
-        yield "last", merged
+        for merged in asm.flush():
+            yield "last", merged
+        return
+    from livox_infer.accumulate import Accumulator
+
+    acc = Accumulator(frames, window)  # one stream: nothing to merge (point files carry no stamps: index order)
+    for source, cloud in iter_inputs(args.input, args.topic):
+        yield source, acc.add(cloud)
 
 
 def is_bag(path: Path) -> bool:

@@ -65,13 +65,8 @@ def blob(centre, n=50, seed=0):
     return np.concatenate([rng.normal(centre, 0.2, (n, 3)), np.full((n, 1), 100.0)], 1).astype(np.float32)
 
 
-def test_rig_directory_is_merged_into_the_output_frame(tmp_path, monkeypatch):
-    root = tmp_path / "lidar"
-    for name in ("front", "rear"):
-        (root / name).mkdir(parents=True)
-    write_pcd(root / "front" / "000.pcd", blob((10.0, 0.0, -1.0)))
-    write_pcd(root / "rear" / "000.pcd", blob((10.0, 2.0, -1.0), seed=1))  # 10 m behind, 2 m to the right
-    write_pcd(root / "front" / "001.pcd", blob((11.0, 0.0, -1.0)))  # the rear sensor missed frame 1
+def record_pipeline_input(monkeypatch) -> list:
+    """Replace DetectionPipeline by a recorder of the clouds it would detect on."""
     seen = []
 
     class Recorder:  # stands in for the network: records what the pipeline would see
@@ -79,7 +74,9 @@ def test_rig_directory_is_merged_into_the_output_frame(tmp_path, monkeypatch):
             self.kw = kw
             from livox_infer.model.config import ModelConfig
 
-            self.cfg = ModelConfig.load("lite").with_extent(kw["bev_extent"])
+            self.cfg = ModelConfig.load("lite")
+            if kw.get("bev_extent"):
+                self.cfg = self.cfg.with_extent(kw["bev_extent"])
             self.compile_error = None
 
         def detect(self, cloud):
@@ -92,6 +89,17 @@ def test_rig_directory_is_merged_into_the_output_frame(tmp_path, monkeypatch):
     import livox_infer.pipeline
 
     monkeypatch.setattr(livox_infer.pipeline, "DetectionPipeline", Recorder)
+    return seen
+
+
+def test_rig_directory_is_merged_into_the_output_frame(tmp_path, monkeypatch):
+    root = tmp_path / "lidar"
+    for name in ("front", "rear"):
+        (root / name).mkdir(parents=True)
+    write_pcd(root / "front" / "000.pcd", blob((10.0, 0.0, -1.0)))
+    write_pcd(root / "rear" / "000.pcd", blob((10.0, 2.0, -1.0), seed=1))  # 10 m behind, 2 m to the right
+    write_pcd(root / "front" / "001.pcd", blob((11.0, 0.0, -1.0)))  # the rear sensor missed frame 1
+    seen = record_pipeline_input(monkeypatch)
     out = tmp_path / "det.jsonl"
     args = parse([str(root), "--out", str(out), "--rig", str(write_rig(tmp_path)), "--no-compile"])
     assert detect_cli.main(args) == 0
@@ -138,3 +146,14 @@ def test_eval_sensor_runs_and_scores_on_the_preset_grid():
     assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 153.6, -19.2, 19.2)
     args = p.parse_args(["--sim-frames", "1"])
     assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 57.6, -28.8, 28.8)
+
+
+def test_accumulate_frames_stacks_point_files(tmp_path, monkeypatch):
+    for i in range(3):
+        write_pcd(tmp_path / f"{i:03d}.pcd", blob((10.0 + i, 0.0, -1.0), n=20, seed=i))
+    seen = record_pipeline_input(monkeypatch)
+    args = parse([str(tmp_path), "--out", str(tmp_path / "o.jsonl"), "--accumulate-frames", "2", "--no-compile"])
+    assert detect_cli.main(args) == 0
+    assert [len(c) for c in seen] == [20, 40, 40]
+    args = parse([str(tmp_path), "--out", str(tmp_path / "o.jsonl"), "--accumulate-frames", "0", "--no-compile"])
+    assert detect_cli.main(args) == 2  # a ConfigError, reported
