@@ -20,6 +20,7 @@ data_files = [
     (f"share/{PACKAGE}", ["package.xml"]),
     (f"share/{PACKAGE}/launch", sorted(glob("launch/*.py"))),
     (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml"))),
+    (f"share/{PACKAGE}/config/rigs", sorted(glob("config/rigs/*.yaml"))),
     (f"share/{PACKAGE}/models", sorted(glob("models/*.yaml") + glob("models/*.safetensors"))),
 ]
 # Only for pip's wheel build: under colcon the console script itself is installed at that path

@@ -3,9 +3,10 @@
     ros2 launch livox_infer detect.launch.py sensor:=avia
     ros2 launch livox_infer detect.launch.py sensor:=horizon input_topic:=/points device:=cpu use_compile:=false
     ros2 launch livox_infer detect.launch.py params_file:=/path/to/my.yaml
+    ros2 launch livox_infer detect.launch.py sensor:=horizon rig:=rigs/livox_dataset_v1.yaml
 
 The preset YAML (config/<sensor>.yaml, or params_file) gives every parameter, including `sensor`;
-input_topic, device and use_compile override it only when given (empty = keep the YAML's value).
+input_topic, device, use_compile and rig override it only when given (empty = keep the YAML's value).
 """
 
 import os
@@ -39,7 +40,7 @@ def _node(context, *args, **kwargs):
         raise RuntimeError(f"params_file not found: {params_file}")
     # The YAML names its own sensor; the sensor argument only picks the default YAML.
     overrides = {}
-    for name in ("input_topic", "device"):
+    for name in ("input_topic", "device", "rig"):
         value = LaunchConfiguration(name).perform(context)
         if value:
             overrides[name] = value
@@ -68,6 +69,7 @@ def generate_launch_description() -> LaunchDescription:
                               description="parameter YAML (default: the package's config/<sensor>.yaml)"),
         DeclareLaunchArgument("input_topic", default_value="", description="override the input cloud topic"),
         DeclareLaunchArgument("device", default_value="", description="override device: auto, cpu or cuda"),
+        DeclareLaunchArgument("rig", default_value="", description="rig YAML: several LiDARs merged (docs/rigs.md)"),
         DeclareLaunchArgument("use_compile", default_value="", description="override use_compile: true or false"),
         DeclareLaunchArgument("node_name", default_value="livox_detector", description="node name"),
         OpaqueFunction(function=_node),

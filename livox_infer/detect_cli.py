@@ -56,6 +56,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from livox_infer.fleet import add_arguments as add_fleet_arguments
 
     add_fleet_arguments(p)
+    add_rig_arguments(p)
+
+
+def add_rig_arguments(p: argparse.ArgumentParser) -> None:
+    from livox_infer.presets import SENSOR_PRESETS
+
+    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
+                   help="apply config/<sensor>.yaml as the node does (thresholds, ROI, range, tag filter, sensor "
+                        "height, grid); --device/--no-compile/--weights/--aoti-package still apply")
+    p.add_argument("--rig", default=None, help="rig YAML (docs/rigs.md): INPUT is a directory with one sub-folder "
+                   "per rig sensor; their clouds are merged into the rig's output frame and detected once")
+    p.add_argument("--accumulate-frames", type=int, default=1, help="detect on the last N frames stacked")
+    p.add_argument("--accumulate-ms", type=float, default=0.0, help="... only frames within T ms of the newest")
+
+
+def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
+    """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
+    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+                sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
+                intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
+                tag_filter=args.tag_filter, aoti_package=args.aoti_package, test_time_flip=args.test_time_flip,
+                refine=not args.no_refine)
+    if args.sensor:
+        from livox_infer.presets import load_preset, pipeline_options
+
+        runtime = ("device", "compile", "weights", "aoti_package")  # this machine's choices, not the preset's
+        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in runtime})
+        opts["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
+    if rig is not None:
+        from livox_infer.rig import rig_pipeline_options
+
+        opts.update(rig_pipeline_options(rig))
+    return opts
+
+
+def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud]]:
+    """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated."""
+    from livox_infer.rig import FrameAssembler, read_rig_directory
+
+    frames, window = args.accumulate_frames, args.accumulate_ms
+    if rig is None and frames == 1 and window == 0:
+        yield from iter_inputs(args.input, args.topic)
+        return
+    if rig is not None:
+        if len(args.input) != 1 or not Path(args.input[0]).is_dir():
+            raise PointCloudError("with --rig, INPUT is one directory with a sub-folder per rig sensor")
+        asm = FrameAssembler(rig, frames, window)
+        for source, name, cloud in read_rig_directory(rig, args.input[0]):
+            for merged in asm.add(name, cloud):
+                yield source.split("/")[-1], merged
+        for merged in asm.flush():
+            yield "last", merged
+        return
+    from livox_infer.accumulate import Accumulator
+
+    acc = Accumulator(frames, window)  # one stream: nothing to merge (point files carry no stamps: index order)
+    for source, cloud in iter_inputs(args.input, args.topic):
+        yield source, acc.add(cloud)
 
 
 def is_bag(path: Path) -> bool:
@@ -133,17 +192,14 @@ def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[
 def build_pipeline(args: argparse.Namespace):
     """The DetectionPipeline the detect options describe (also built by the archive workers, livox_infer/fleet.py)."""
     from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.rig import Rig
 
     try:
-        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+        args.sensor_height == "auto" or float(args.sensor_height)
     except ValueError:
         raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
-    return DetectionPipeline(
-        args.model, weights=args.weights, device=args.device, compile=not args.no_compile, sensor_height=sh,
-        sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto", intensity_scale=args.intensity_scale,
-        score_thresholds=args.score_threshold, tag_filter=args.tag_filter, aoti_package=args.aoti_package,
-        test_time_flip=args.test_time_flip, refine=not args.no_refine,
-    )
+    rig = Rig.load(args.rig) if getattr(args, "rig", None) else None
+    return DetectionPipeline(**pipeline_kwargs(args, rig))
 
 
 def detection_row(source: str, cloud: Cloud, det) -> dict:
@@ -179,6 +235,7 @@ def main(args: argparse.Namespace) -> int:
     writer = None
     out = None
     try:
+        rig = Rig.load(args.rig) if args.rig else None
         pipe = build_pipeline(args)
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
@@ -194,7 +251,7 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w")
         n = 0
         latencies = []
-        for source, cloud in tqdm(iter_inputs(args.input, args.topic), desc="detect", unit="frame", file=sys.stderr):
+        for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
             if args.max_frames is not None and n >= args.max_frames:
                 break
             det = pipe.detect(cloud)

@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.pointcloud import check_pointcloud2
 from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS, add_threads_argument, apply_threads
+from livox_infer.presets import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
 
-SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
 TAG_FILTER_MODES = ("off", "high_confidence", "strict")
 INPUT_TYPES = ("pointcloud2", "custom_msg")
@@ -34,10 +35,12 @@ NODE_NAME = "livox_detector"
 
 # Parameters whose change needs a new pipeline (new network / device / weights); the rest are
 # applied in place with DetectionPipeline.update().
-REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package", "test_time_flip"})
+REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package", "test_time_flip",
+                            "bev_extent"})
 # Parameters only the node itself uses (no pipeline involvement).
 NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
-                              "diagnostics_period", "latency_window", "threads"})
+                              "diagnostics_period", "latency_window", "threads", "input_topics", "rig", "odometry_topic",
+                              "accumulate_frames", "accumulate_ms"})
 
 WARN_THROTTLE_S = 5.0
 
@@ -51,6 +54,7 @@ class ParamSpec:
     float_range: tuple[float, float] | None = None
     int_range: tuple[int, int] | None = None
     choices: tuple[str, ...] | None = None
+    array_type: str | None = None  # "double" / "string": an array parameter that may be left unset (default None)
 
 
 PARAMS: tuple[ParamSpec, ...] = (
@@ -102,6 +106,21 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("threads", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its pools; "
               "0 = torch's default (one per core). 1 keeps latency bounded on a busy CPU (docs/performance.md).",
               read_only=True, int_range=(0, MAX_THREADS)),
+    ParamSpec("bev_extent", None, "Detection grid [x_min, x_max, y_min, y_max] in metres (multiples of the model's "
+              "coarsest cell, 3.2 m for lite); unset = the model's grid. Same weights (docs/rigs.md). Change rebuilds.",
+              array_type="double"),
+    ParamSpec("input_topics", None, "Several input topics whose clouds already share one frame (e.g. the driver "
+              "applied its extrinsics): merged by stamp, detected once. Unset = input_topic.", read_only=True,
+              array_type="string"),
+    ParamSpec("rig", "", "Rig YAML (docs/rigs.md): one topic per sensor with its extrinsic; clouds moved into the "
+              "rig's output_frame, merged by stamp, detected once; its bev_extent and sensor_height apply.",
+              read_only=True),
+    ParamSpec("odometry_topic", "", "nav_msgs/Odometry of the output (or cloud) frame: accumulated frames are "
+              "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True),
+    ParamSpec("accumulate_frames", 1, "Detect on the last N frames stacked (1 = each frame alone).",
+              read_only=True, int_range=(1, MAX_FRAMES)),
+    ParamSpec("accumulate_ms", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit).",
+              read_only=True, float_range=(0.0, MAX_WINDOW_MS)),
     ParamSpec("latency_window", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
               read_only=True, int_range=(10, 100_000)),
 )
@@ -122,6 +141,9 @@ def validate_params(values: dict[str, Any]) -> str | None:
             lo, hi = spec.int_range
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 return f"{spec.name} must be an integer in [{lo}, {hi}], got {v!r}"
+    reason = _check_arrays(values)
+    if reason:
+        return reason
     for axis in "xyz":
         lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
         if lo >= hi:
@@ -133,32 +155,26 @@ def validate_params(values: dict[str, Any]) -> str | None:
     return None
 
 
-def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
-    """Node parameters → DetectionPipeline keyword arguments (constructor and update())."""
-    return {
-        "model": values["model"],
-        "weights": values["weights"] or None,
-        "device": values["device"],
-        "compile": bool(values["use_compile"]),
-        "aoti_package": values["aoti_package"] or None,
-        "test_time_flip": bool(values["test_time_flip"]),
-        "refine": bool(values["refine"]),
-        "score_thresholds": {
-            "car": float(values["score_threshold_car"]),
-            "pedestrian": float(values["score_threshold_pedestrian"]),
-            "cyclist": float(values["score_threshold_cyclist"]),
-        },
-        "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
-        "max_range": float(values["max_range"]),
-        "tag_filter": values["tag_filter"],
-        "intensity_scale": float(values["intensity_scale"]),
-        "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
-    }
+def _check_arrays(values: dict[str, Any]) -> str | None:
+    extent = values.get("bev_extent")
+    if extent is not None:
+        if len(extent) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in extent):
+            return f"bev_extent must be 4 numbers [x_min, x_max, y_min, y_max], got {list(extent)!r}"
+        if not (extent[0] < extent[1] and extent[2] < extent[3]):
+            return f"bev_extent needs x_min < x_max and y_min < y_max, got {list(extent)!r}"
+    topics = values.get("input_topics")
+    if topics is not None:
+        if not topics or any(not str(t).startswith("/") for t in topics) or len(set(topics)) != len(topics):
+            return f"input_topics must be distinct absolute topic names, got {list(topics)!r}"
+        if values.get("rig"):
+            return "give either rig (its sensors name their topics) or input_topics, not both"
+    return None
 
 
-def update_options(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Pipeline keyword arguments that differ between two parameter sets (for update())."""
-    a, b = pipeline_options(old), pipeline_options(new)
+def update_options(old: dict[str, Any], new: dict[str, Any], fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Pipeline keyword arguments that differ between two parameter sets (for update()); ``fixed`` (a rig's
+    options) overrides both."""
+    a, b = {**pipeline_options(old), **(fixed or {})}, {**pipeline_options(new), **(fixed or {})}
     return {k: v for k, v in b.items() if a[k] != v}
 
 
@@ -264,16 +280,18 @@ class DetectorNode(Node):
         super().__init__(node_name, **node_kwargs)
         self._factory = pipeline_factory or default_pipeline_factory
         self._declare_parameters()
-        self._values = {p.name: self.get_parameter(p.name).value for p in PARAMS}
+        self._values = {p.name: self._param_value(p) for p in PARAMS}
         reason = validate_params(self._values)
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
+        self._rig_options: dict[str, Any] = {}  # pipeline options a rig file fixes
+        self._assembler = self._make_assembler()  # None: one topic, one frame at a time (the plain path)
 
         self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
         self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
         self.threads = apply_threads(int(self._values["threads"]))  # before the pipeline's first torch work
         # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
-        self._pipeline = self._factory(pipeline_options(self._values))
+        self._pipeline = self._factory({**pipeline_options(self._values), **self._rig_options})
 
         self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
         self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
@@ -287,7 +305,9 @@ class DetectorNode(Node):
 
         qos = QoSProfile(depth=1, reliability=qos_profile_sensor_data.reliability,
                          durability=qos_profile_sensor_data.durability, history=qos_profile_sensor_data.history)
-        if self._values["input_type"] == "custom_msg":
+        if self._assembler is not None:
+            self._subscribe_assembled(qos)
+        elif self._values["input_type"] == "custom_msg":
             # raw=True: the CDR bytes are parsed in bulk (bag.decode_custom_msg_cdr) instead of
             # building one Python object per point.
             self._sub = self.create_subscription(custom_msg_class(), self._values["input_topic"],
@@ -298,9 +318,12 @@ class DetectorNode(Node):
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
+        topics = [x.topic for x in self._assembler.rig.sensors] if self._assembler else [self._values["input_topic"]]
         self.get_logger().info(
             f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
             f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
+            f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
+            f"{self._values['model']}, device {self._describe_backend()})"
         )
         self.get_logger().info(f"start-up: {self._describe_startup()}")
 
@@ -323,7 +346,24 @@ class DetectorNode(Node):
                 desc.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1], step=1)]
             if spec.choices is not None:
                 desc.additional_constraints = "one of: " + ", ".join(spec.choices)
+            if spec.array_type is not None:  # may stay unset: declared by type (ROS cannot infer it from [])
+                kind = Parameter.Type.DOUBLE_ARRAY if spec.array_type == "double" else Parameter.Type.STRING_ARRAY
+                ints = given is not None and given.type_ == Parameter.Type.INTEGER_ARRAY
+                if kind == Parameter.Type.DOUBLE_ARRAY and ints:  # [0, 80, -40, 40] means doubles
+                    overrides[spec.name] = Parameter(spec.name, value=[float(v) for v in given.value])
+                self.declare_parameter(spec.name, kind, desc)
+                continue
             self.declare_parameter(spec.name, spec.default, desc)
+
+    def _param_value(self, spec: ParamSpec) -> Any:
+        if spec.array_type is None:
+            return self.get_parameter(spec.name).value
+        from rclpy.exceptions import ParameterUninitializedException
+
+        try:
+            return list(self.get_parameter(spec.name).value)
+        except ParameterUninitializedException:  # an array parameter left unset
+            return None
 
     def _on_set_parameters(self, params) -> SetParametersResult:
         candidate = dict(self._values)
@@ -338,13 +378,13 @@ class DetectorNode(Node):
         try:
             if changed & REBUILD_PARAMS:
                 # Build the replacement first (slow: loads weights); the worker keeps using the old one.
-                new_pipeline = self._factory(pipeline_options(candidate))
+                new_pipeline = self._factory({**pipeline_options(candidate), **self._rig_options})
                 with self._pipeline_lock:
                     old, self._pipeline = self._pipeline, new_pipeline
                 del old
                 self.get_logger().info(f"pipeline rebuilt for {sorted(changed & REBUILD_PARAMS)}")
             else:
-                opts = update_options(self._values, candidate)
+                opts = update_options(self._values, candidate, self._rig_options)
                 if opts:
                     with self._pipeline_lock:
                         self._pipeline.update(**opts)
@@ -507,6 +547,8 @@ class DetectorNode(Node):
             values[f"latency_{stage}_p50_ms"] = p50
             values[f"latency_{stage}_p99_ms"] = p99
         values["last_error"] = snap["last_error"]
+        if self._assembler is not None:
+            values.update(self._assembler_diagnostics())
         compile_error = getattr(self._pipeline, "compile_error", None)
         if compile_error:
             values["compile_error"] = compile_error
@@ -528,6 +570,80 @@ class DetectorNode(Node):
         arr.header.stamp = self.get_clock().now().to_msg()
         arr.status = [self.diagnostics_status()]
         self._diag_pub.publish(arr)
+
+    # ------------------------------------------------------------------ several topics, rig, accumulation
+    def _make_assembler(self):
+        """A FrameAssembler when clouds are merged (rig / input_topics) or accumulated; None otherwise."""
+        from livox_infer.accumulate import PoseBuffer
+        from livox_infer.rig import FrameAssembler, Rig, rig_pipeline_options, same_frame_rig
+
+        v = self._values
+        if v["rig"]:
+            from livox_infer.resources import find
+
+            try:
+                path = find("config", v["rig"])  # a path, or a name under config/ (rigs/livox_dataset_v1.yaml)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"rig: {exc}") from None
+            rig = Rig.load(path)
+            self._rig_options = rig_pipeline_options(rig)
+        elif v["input_topics"]:
+            rig = same_frame_rig(v["input_topics"], v["sensor"])
+        elif v["accumulate_frames"] > 1 or v["odometry_topic"]:
+            rig = same_frame_rig([v["input_topic"]], v["sensor"])
+        else:
+            return None
+        self._poses = PoseBuffer() if v["odometry_topic"] else None
+        return FrameAssembler(rig, int(v["accumulate_frames"]), float(v["accumulate_ms"]), self._poses)
+
+    def _subscribe_assembled(self, qos) -> None:
+        custom = self._values["input_type"] == "custom_msg"
+        self._subs = []
+        for sensor in self._assembler.rig.sensors:
+            cb = (lambda raw, n=sensor.name: self._on_sensor_cloud(n, raw, True)) if custom else \
+                (lambda msg, n=sensor.name: self._on_sensor_cloud(n, msg, False))
+            self._subs.append(self.create_subscription(custom_msg_class() if custom else PointCloud2, sensor.topic,
+                                                       cb, qos, raw=custom))
+        if self._values["odometry_topic"]:
+            try:
+                from nav_msgs.msg import Odometry
+            except ImportError as exc:
+                raise ConfigError(f"odometry_topic needs the nav_msgs interface package ({exc})") from None
+            self._subs.append(self.create_subscription(Odometry, self._values["odometry_topic"], self._on_odometry,
+                                                       QoSProfile(depth=50)))
+
+    def _on_sensor_cloud(self, sensor: str, msg, custom: bool) -> None:
+        from livox_infer.pointcloud import decode_pointcloud2
+
+        try:  # decoded here (not in the worker): every frame must reach the merger and the accumulator
+            cloud = custom_msg_cdr_to_cloud(msg) if custom else decode_pointcloud2(msg)
+            clouds = self._assembler.add(sensor, cloud)
+        except Exception as exc:  # noqa: BLE001 - malformed input must never kill the node
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(f"{sensor}: {exc}")
+            return
+        for merged in clouds:
+            self._offer(merged)
+
+    def _on_odometry(self, msg) -> None:
+        from livox_infer.accumulate import pose_matrix
+
+        p, q = msg.pose.pose.position, msg.pose.pose.orientation
+        try:
+            self._poses.add(msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec,
+                            pose_matrix((p.x, p.y, p.z), (q.x, q.y, q.z, q.w)))
+        except LivoxInferError as exc:
+            self._reject(f"odometry: {exc}")
+
+    def _assembler_diagnostics(self) -> dict[str, Any]:
+        m = self._assembler.merger.stats
+        out: dict[str, Any] = {"merged_frames": m.frames, "merged_partial": m.partial, "merge_late": m.late,
+                               "merge_restarts": m.restarts,
+                               "accumulated_compensated": self._assembler.accumulator.compensated,
+                               "accumulated_plain": self._assembler.accumulator.plain}
+        out.update({f"missing_{name}": n for name, n in m.missing.items()})
+        return out
 
     # ------------------------------------------------------------------ shutdown
     def destroy_node(self) -> None:
@@ -571,6 +687,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params-file", default=None,
                         help="ROS 2 parameter YAML instead of the preset (its own 'sensor' applies)")
     parser.add_argument("--input-topic", default=None, help="override input_topic")
+    parser.add_argument("--rig", default=None, help="rig YAML: several LiDARs merged into its output frame "
+                        "(a path or a name under config/, e.g. rigs/livox_dataset_v1.yaml; docs/rigs.md)")
     parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
     parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
                         help="override use_compile")
@@ -602,6 +720,8 @@ def ros_arguments(args: argparse.Namespace) -> list[str]:
     out = ["livox-infer-run", "--ros-args", "--params-file", params_file]
     if args.input_topic:
         out += ["-p", f"input_topic:={args.input_topic}"]
+    if getattr(args, "rig", None):
+        out += ["-p", f"rig:={args.rig}"]
     if args.device:
         out += ["-p", f"device:={args.device}"]
     if args.use_compile is not None:

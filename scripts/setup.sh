@@ -131,7 +131,7 @@ check_environment() {
     (cd / && "$VENV/bin/python" - <<'EOF') || die "the venv does not import what livox_infer needs (see above)"
 import importlib
 for name in ("torch", "triton", "numpy", "rosbags", "safetensors", "yaml", "rclpy", "sensor_msgs.msg",
-             "visualization_msgs.msg", "diagnostic_msgs.msg", "vision_msgs.msg", "livox_ros_driver2.msg",
+             "visualization_msgs.msg", "diagnostic_msgs.msg", "nav_msgs.msg", "vision_msgs.msg", "livox_ros_driver2.msg",
              "ray", "livox_infer"):
     importlib.import_module(name)
 EOF

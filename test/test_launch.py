@@ -121,3 +121,8 @@ def test_launch_starts_the_node_with_the_preset():
     assert service.run() == 0
     assert result == {"sensor": "horizon", "input_topic": "/launch_test_points", "use_compile": False,
                       "roi_y_max": 40.0}
+
+
+def test_rig_argument_is_passed_to_the_node():
+    node = node_for(sensor="horizon", rig="rigs/livox_dataset_v1.yaml")
+    assert node["parameters"][1] == {"rig": "rigs/livox_dataset_v1.yaml"}

@@ -163,7 +163,8 @@ def pip_prefix(tmp_path_factory) -> Path:
 def test_pip_install_layout(pip_prefix: Path):
     share = pip_prefix / "share" / "livox_infer"
     assert (share / "package.xml").is_file()
-    for kind, pattern in (("config", "*.yaml"), ("models", "*.yaml"), ("launch", "*.launch.py")):
+    for kind, pattern in (("config", "*.yaml"), ("config/rigs", "*.yaml"), ("models", "*.yaml"),
+                          ("launch", "*.launch.py")):
         expected = sorted(p.name for p in (REPO / kind).glob(pattern))
         assert expected and sorted(p.name for p in (share / kind).glob(pattern)) == expected
     assert sorted(p.name for p in (share / "models").glob("*.safetensors")) == \

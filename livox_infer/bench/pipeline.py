@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=process_count, default=0, metavar="N",
                    help="also time every mode with N busy processes beside it (started and stopped by the bench)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
+                   help="run on this grid (a preset's bev_extent) instead of the model's")
 
 
 def make_messages(sensor: str, n: int, seed: int):
@@ -70,7 +72,8 @@ def build_pipeline(mode: str, args, sensor_height):
     t0 = time.perf_counter()
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
                              sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None,
-                             test_time_flip=args.test_time_flip, refine=not args.no_refine)
+                             test_time_flip=args.test_time_flip, refine=not args.no_refine,
+                             bev_extent=args.bev_extent)
     setup_s = time.perf_counter() - t0
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)

@@ -351,6 +351,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the results as JSON here")
     add_threads_argument(p)
     from livox_infer.evaluation.archive import add_arguments as add_archive_arguments
+    from livox_infer.presets import SENSOR_PRESETS
+
+    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
+                   help="apply config/<sensor>.yaml as the node does (ROI, range, tag filter, sensor height, grid; "
+                        "the AP ranking keeps --score-threshold); with --sim-frames, simulate this sensor only")
+    p.add_argument("--sim-accumulate", type=int, default=None, metavar="K",
+                   help="with --sim-frames: score each frame alone and its drive's last K frames stacked, with and "
+                        "without poses (livox_infer/evaluation/accumulated.py)")
     from livox_infer.evaluation.real import add_arguments as add_real_arguments
 
     add_real_arguments(p)
@@ -423,6 +431,10 @@ def main(args: argparse.Namespace) -> int:
             from livox_infer.evaluation.real import main_real
 
             return main_real(args, lambda: _pipeline(args))
+        if args.sim_frames and args.sim_accumulate:
+            from livox_infer.evaluation.accumulated import main_accumulated
+
+            return main_accumulated(args, _pipeline(args))
         if args.sim_frames:
             return _main_sim(args)
         if not args.input:
@@ -435,7 +447,7 @@ def main(args: argparse.Namespace) -> int:
         if not gts:
             raise ConfigError("no ground-truth frames found")
         cfg = ModelConfig.load(args.model)
-        region = tuple(args.region) if args.region else cfg.grid.region
+        region = eval_region(args, cfg)
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
                                    "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip,
                                    "refine": not args.no_refine}
@@ -496,25 +508,42 @@ def scan_detector(pipe):
     return detect
 
 
+def eval_region(args: argparse.Namespace, cfg) -> tuple[float, float, float, float]:
+    """--region, else the grid the detector runs on (the --sensor preset's, --bev-extent, or the model's own)."""
+    if args.region:
+        return tuple(args.region)
+    extent = getattr(args, "bev_extent", None)
+    if getattr(args, "sensor", None):
+        from livox_infer.presets import load_preset, pipeline_options
+
+        extent = pipeline_options(load_preset(args.sensor))["bev_extent"] or extent
+    return cfg.with_extent(extent).grid.region if extent else cfg.grid.region
+
+
 def _pipeline(args: argparse.Namespace):
     """The detection pipeline the eval options describe."""
     from livox_infer.pipeline import DetectionPipeline
 
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
-    return DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
-                             sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
-                             test_time_flip=args.test_time_flip, refine=not args.no_refine,
-                             bev_extent=getattr(args, "bev_extent", None))
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+                sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
+                test_time_flip=args.test_time_flip, refine=not args.no_refine,
+                bev_extent=getattr(args, "bev_extent", None))
+    if getattr(args, "sensor", None):  # the node's preset, except the AP ranking threshold and this machine's choices
+        from livox_infer.presets import load_preset, pipeline_options
+
+        keep = ("device", "compile", "weights", "aoti_package", "score_thresholds")
+        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in keep})
+    return DetectionPipeline(**opts)
 
 
 def _main_sim(args: argparse.Namespace) -> int:
-    from livox_infer.model.config import ModelConfig
-
-    cfg = ModelConfig.load(args.model)
-    region = tuple(args.region) if args.region else cfg.grid.region
+    pipe = _pipeline(args)
+    cfg = pipe.cfg
+    region = eval_region(args, cfg)
     sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
-    fns = {f"model {cfg.name}": scan_detector(_pipeline(args))}
+    fns = {f"model {cfg.name}": scan_detector(pipe)}
     if args.baseline:
         from livox_infer.model.baseline import BaselineDetector
 
@@ -525,7 +554,7 @@ def _main_sim(args: argparse.Namespace) -> int:
             return b.boxes, b.labels, b.scores
 
         fns["baseline"] = base_fn
-    sensors = [s.strip() for s in args.sensors.split(",") if s.strip()]
+    sensors = [args.sensor] if args.sensor else [s.strip() for s in args.sensors.split(",") if s.strip()]
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
                                  sim_options=sim_options, ranges=parse_ranges(args.ranges))
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,

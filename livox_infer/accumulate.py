@@ -1,0 +1,205 @@
+"""Multi-frame accumulation and in-frame deskew (ROS-free).
+
+Livox's non-repetitive patterns fill in over time, so sparse sensors (Mid-40, Tele-15) gain from the last N
+frames or T ms stacked into one cloud. Poses make that sharp on a moving vehicle: ``pose`` is the 4x4 transform of
+the cloud's frame into a fixed frame (odom) at the cloud's stamp (p_odom = pose @ p_cloud); the node takes it from
+nav_msgs/Odometry (`PoseBuffer`). Without poses the frames are stacked as they are (plain: right for a standing
+sensor, smeared when moving).
+
+Deskew: a Livox frame is scanned over ~100 ms and each point carries its time from the frame start (Cloud.time).
+With the motion between the previous and this frame's pose (constant velocity), each point is moved to where it
+would have been seen from the pose at the frame's stamp.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from livox_infer.errors import ConfigError
+from livox_infer.pointcloud import Cloud
+
+MAX_FRAMES = 50
+MAX_WINDOW_MS = 5000.0
+POSE_MAX_GAP_NS = 200_000_000  # a pose farther than this from a cloud's stamp is not used (no extrapolation)
+
+
+def check_window(frames: object, window_ms: object, source: str = "accumulation") -> tuple[int, float]:
+    """Validated (accumulate_frames, accumulate_ms)."""
+    if isinstance(frames, bool) or not isinstance(frames, int) or not 1 <= frames <= MAX_FRAMES:
+        raise ConfigError(f"{source}: accumulate_frames must be an integer in [1, {MAX_FRAMES}], got {frames!r}")
+    if isinstance(window_ms, bool) or not isinstance(window_ms, (int, float)) or not (
+            math.isfinite(window_ms) and 0.0 <= window_ms <= MAX_WINDOW_MS):
+        raise ConfigError(f"{source}: accumulate_ms must be in [0, {MAX_WINDOW_MS:g}] (0 = no time limit), "
+                          f"got {window_ms!r}")
+    return frames, float(window_ms)
+
+
+def _rotvec(rot: np.ndarray) -> np.ndarray:
+    """Axis-angle vector of a 3x3 rotation (angle < pi)."""
+    cos = np.clip((np.trace(rot) - 1.0) / 2.0, -1.0, 1.0)
+    angle = math.acos(cos)
+    if angle < 1e-9:
+        return np.zeros(3)
+    axis = np.array([rot[2, 1] - rot[1, 2], rot[0, 2] - rot[2, 0], rot[1, 0] - rot[0, 1]]) / (2.0 * math.sin(angle))
+    return axis * angle
+
+
+def _rotation(rotvec: np.ndarray) -> np.ndarray:
+    """Rodrigues: 3x3 rotation of an axis-angle vector (works on (..., 3) arrays too)."""
+    rv = np.asarray(rotvec, dtype=np.float64)
+    angle = np.linalg.norm(rv, axis=-1, keepdims=True)
+    axis = rv / np.where(angle < 1e-12, 1.0, angle)
+    x, y, z = axis[..., 0], axis[..., 1], axis[..., 2]
+    k = np.stack([np.stack([0 * x, -z, y], -1), np.stack([z, 0 * x, -x], -1), np.stack([-y, x, 0 * x], -1)], -2)
+    s, c = np.sin(angle)[..., None], np.cos(angle)[..., None]
+    return np.eye(3) + s * k + (1 - c) * (k @ k)
+
+
+def pose_matrix(position: tuple[float, float, float], quaternion_xyzw: tuple[float, float, float, float]) -> np.ndarray:
+    """4x4 pose from a position and a unit quaternion (x, y, z, w), as in geometry_msgs/Pose."""
+    x, y, z, w = (float(v) for v in quaternion_xyzw)
+    n = math.sqrt(x * x + y * y + z * z + w * w)
+    if not math.isfinite(n) or n < 1e-9:
+        raise ConfigError(f"pose orientation is not a quaternion: {quaternion_xyzw!r}")
+    x, y, z, w = x / n, y / n, z / n, w / n
+    m = np.eye(4)
+    m[:3, :3] = [[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                 [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                 [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]]
+    m[:3, 3] = position
+    return m
+
+
+def interpolate_pose(a: np.ndarray, b: np.ndarray, f: float) -> np.ndarray:
+    """Pose a fraction ``f`` of the way from ``a`` to ``b`` (rotation along the shortest arc, linear translation)."""
+    rel = np.linalg.inv(a) @ b
+    out = np.eye(4)
+    out[:3, :3] = _rotation(_rotvec(rel[:3, :3]) * f)
+    out[:3, 3] = rel[:3, 3] * f
+    return a @ out
+
+
+class PoseBuffer:
+    """Recent (stamp, pose) pairs, e.g. from nav_msgs/Odometry; `at` interpolates between the two around a stamp."""
+
+    def __init__(self, maxlen: int = 400) -> None:
+        self._stamps: collections.deque[int] = collections.deque(maxlen=maxlen)
+        self._poses: collections.deque[np.ndarray] = collections.deque(maxlen=maxlen)
+
+    def add(self, stamp_ns: int, pose: np.ndarray) -> None:
+        if self._stamps and stamp_ns <= self._stamps[-1]:
+            if stamp_ns < self._stamps[-1] - POSE_MAX_GAP_NS:  # time went back (bag loop): start over
+                self._stamps.clear()
+                self._poses.clear()
+            else:
+                return  # out of order within the gap: keep the newer ones
+        self._stamps.append(int(stamp_ns))
+        self._poses.append(np.asarray(pose, dtype=np.float64))
+
+    def at(self, stamp_ns: int) -> np.ndarray | None:
+        """Pose at ``stamp_ns``, or None when no pose lies within POSE_MAX_GAP_NS on both sides (or one exact)."""
+        stamps = list(self._stamps)
+        i = bisect.bisect_left(stamps, stamp_ns)
+        if i < len(stamps) and stamps[i] == stamp_ns:
+            return self._poses[i]
+        if i == 0 or i == len(stamps):
+            near = 0 if i == 0 else len(stamps) - 1
+            if stamps and abs(stamps[near] - stamp_ns) <= POSE_MAX_GAP_NS // 10:  # a few ms off: use it as is
+                return self._poses[near]
+            return None
+        t0, t1 = stamps[i - 1], stamps[i]
+        if t1 - t0 > 2 * POSE_MAX_GAP_NS:
+            return None
+        return interpolate_pose(self._poses[i - 1], self._poses[i], (stamp_ns - t0) / (t1 - t0))
+
+
+def deskew(cloud: Cloud, motion: np.ndarray, motion_dt_s: float) -> Cloud:
+    """Move each point to where the frame's pose at its stamp sees it.
+
+    ``motion`` = inv(pose_prev) @ pose_now: how the cloud frame moved over the last ``motion_dt_s`` seconds
+    (constant velocity assumed). A point measured ``t`` s after the stamp was seen from pose_now advanced by
+    t / motion_dt_s of that motion."""
+    if cloud.time is None or motion_dt_s <= 0 or len(cloud) == 0:
+        return cloud
+    f = (cloud.time / motion_dt_s)[:, None]
+    rots = _rotation(_rotvec(motion[:3, :3])[None, :] * f)  # (N, 3, 3)
+    xyz = cloud.points[:, :3].astype(np.float64)
+    moved = np.einsum("nij,nj->ni", rots, xyz) + motion[:3, 3][None, :] * f
+    pts = cloud.points.copy()
+    pts[:, :3] = moved.astype(np.float32)
+    return Cloud(pts, cloud.time, cloud.tag, cloud.stamp_ns, cloud.frame_id)
+
+
+@dataclass
+class _Frame:
+    stamp_ns: int
+    cloud: Cloud
+    pose: np.ndarray | None
+    deskewed: bool = False
+
+
+class Accumulator:
+    """Stacks the last ``frames`` clouds (and only those within ``window_ms`` of the newest, when > 0).
+
+    ``add(cloud, pose=None)`` returns the accumulated cloud in the newest cloud's frame and stamp: older frames are
+    moved by inv(pose_now) @ pose_then where both poses are known, stacked as they are otherwise. Point times are
+    re-based on the newest stamp (older points get negative times). With poses, each cloud is deskewed first.
+    A cloud with the newest stamp again replaces that frame; an older stamp (a bag loop) starts over."""
+
+    def __init__(self, frames: int = 1, window_ms: float = 0.0) -> None:
+        self.frames, self.window_ms = check_window(frames, window_ms)
+        self._history: collections.deque[_Frame] = collections.deque(maxlen=self.frames)
+        self.compensated = 0  # older frames moved by their poses
+        self.plain = 0  # older frames stacked without poses
+
+    def reset(self) -> None:
+        self._history.clear()
+
+    def add(self, cloud: Cloud, pose: np.ndarray | None = None) -> Cloud:
+        stamp = int(cloud.stamp_ns)
+        if self._history and stamp < self._history[-1].stamp_ns:
+            self._history.clear()  # time went back (bag loop, sim restart): the old frames belong elsewhere
+        elif self._history and stamp == self._history[-1].stamp_ns:
+            self._history.pop()  # the same frame again (re-sent): it replaces itself
+        prev = self._history[-1] if self._history else None
+        deskewed = False
+        if pose is not None and prev is not None and prev.pose is not None and stamp > prev.stamp_ns:
+            motion, dt = np.linalg.inv(prev.pose) @ pose, (stamp - prev.stamp_ns) * 1e-9
+            cloud, deskewed = deskew(cloud, motion, dt), cloud.time is not None
+            if not prev.deskewed and prev.cloud.time is not None:  # a first frame: its own motion is known now
+                prev.cloud, prev.deskewed = deskew(prev.cloud, motion, dt), True
+        self._history.append(_Frame(stamp, cloud, None if pose is None else np.asarray(pose, dtype=np.float64),
+                                    deskewed))
+        if self.window_ms > 0:
+            while self._history[0].stamp_ns < stamp - self.window_ms * 1e6:
+                self._history.popleft()
+        if len(self._history) == 1:
+            return cloud
+        return self._stack(cloud, pose)
+
+    def _stack(self, cloud: Cloud, pose: np.ndarray | None) -> Cloud:
+        stamp = int(cloud.stamp_ns)
+        inv_now = None if pose is None else np.linalg.inv(pose)
+        points, times, tags = [], [], []
+        for f in self._history:
+            pts = f.cloud.points
+            if f is not self._history[-1]:
+                if inv_now is not None and f.pose is not None:
+                    rel = inv_now @ f.pose
+                    pts = pts.copy()
+                    xyz = f.cloud.points[:, :3].astype(np.float64)
+                    pts[:, :3] = (xyz @ rel[:3, :3].T + rel[:3, 3]).astype(np.float32)
+                    self.compensated += 1
+                else:
+                    self.plain += 1
+            points.append(pts)
+            times.append(None if f.cloud.time is None else f.cloud.time + (f.stamp_ns - stamp) * 1e-9)
+            tags.append(f.cloud.tag)
+        time = np.concatenate(times) if all(t is not None for t in times) else None
+        tag = np.concatenate(tags) if all(t is not None for t in tags) else None
+        return Cloud(np.ascontiguousarray(np.concatenate(points)), time, tag, stamp, cloud.frame_id)
