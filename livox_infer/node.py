@@ -102,6 +102,7 @@ PARAMS: tuple[ParamSpec, ...] = (
               read_only=True, int_range=(10, 100_000)),
 )
 PARAM_SPECS = {p.name: p for p in PARAMS}
+DOUBLE_PARAMS = frozenset(p.name for p in PARAMS if isinstance(p.default, float))
 
 
 def validate_params(values: dict[str, Any]) -> str | None:
@@ -121,7 +122,8 @@ def validate_params(values: dict[str, Any]) -> str | None:
     for axis in "xyz":
         lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
         if lo >= hi:
-            return f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi})"
+            return (f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi}); to move the range past "
+                    "its other end, change both in one request (ros2 param load, set_parameters_atomically)")
     if not str(values["model"]).strip():
         return "model must name a model config"
     if values["input_type"] == "custom_msg" and custom_msg_class() is None:
@@ -242,7 +244,7 @@ from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 from visualization_msgs.msg import MarkerArray  # noqa: E402
 
-from livox_infer import ros_msgs  # noqa: E402
+from livox_infer import ros_msgs, ros_params  # noqa: E402
 
 _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
 
@@ -290,6 +292,9 @@ class DetectorNode(Node):
         else:
             self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
+        self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(DOUBLE_PARAMS))
+        ros_params.serve_set_parameters_as_one_change(self)
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()

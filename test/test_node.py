@@ -382,3 +382,45 @@ def test_parameter_changes_over_the_parameter_service(ros):
     good = call("tag_filter", "strict")
     assert good.successful and node.get_parameter("tag_filter").value == "strict"
     assert factory.built[0].updates[-1] == {"tag_filter": "strict"}
+
+
+def test_a_set_parameters_request_is_one_change(ros):
+    """`ros2 param load` sends one SetParameters request: it is validated and applied as a whole. Moving the ROI
+    past its other end (x 0..70 -> 90..150) works, an invalid whole changes nothing; integers are taken for
+    doubles, and entries equal to the current value (a read-only `sensor`) are no change."""
+    from rcl_interfaces.srv import SetParameters
+
+    node, _, _, _, factory = start_node(ros)
+    client_node = ros.node(unique("param_client"))
+    client = client_node.create_client(SetParameters, f"{node.get_fully_qualified_name()}/set_parameters")
+    assert client.wait_for_service(timeout_sec=5)
+
+    def load(**values):
+        req = SetParameters.Request(parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()])
+        fut = client.call_async(req)
+        assert wait_for(fut.done, timeout_s=5)
+        return fut.result().results
+
+    assert node._values["roi_x_max"] < 90
+    results = load(roi_x_min=90, roi_x_max=150, sensor=node._values["sensor"])
+    assert [r.successful for r in results] == [True] * 3, [r.reason for r in results]
+    assert node.get_parameter("roi_x_min").value == 90.0 and node.get_parameter("roi_x_max").value == 150.0
+    assert factory.built[0].updates[-1]["roi"][0::3] == (90.0, 150.0)
+    updates = len(factory.built[0].updates)
+    results = load(max_range=50.0, roi_x_max=10.0)
+    assert [r.successful for r in results] == [False, False]
+    assert all("roi_x_min (90.0) must be smaller than roi_x_max (10.0)" in r.reason for r in results)
+    assert node.get_parameter("max_range").value != 50.0 and node.get_parameter("roi_x_max").value == 150.0
+    assert len(factory.built[0].updates) == updates
+    results = load(sensor="mid40", max_range=50.0)
+    assert not any(r.successful for r in results) and "read-only" in results[0].reason
+    assert node.get_parameter("max_range").value != 50.0
+
+
+def test_integers_are_taken_for_double_parameters(ros):
+    node, _, _, _, factory = start_node(ros)
+    result = set_param(node, "max_range", 80)
+    assert result.successful, result.reason
+    assert node.get_parameter("max_range").value == 80.0 and isinstance(node.get_parameter("max_range").value, float)
+    assert factory.built[0].updates[-1] == {"max_range": 80.0}
+    assert not set_param(node, "latency_window", 50.0).successful  # the other way round stays an error
