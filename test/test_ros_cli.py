@@ -146,18 +146,22 @@ def test_detections_topic_type_hash_equals_upstream_vision_msgs(launched, env):
 
 
 def test_every_upstream_vision_msgs_message_is_built_with_the_upstream_hash():
-    """The venv's vision_msgs is the whole upstream message set (an overlay of the upstream package then finds
-    every symbol it expects), each with the upstream type hash."""
+    """The vision_msgs this environment imports is the whole upstream message set (an overlay of the upstream
+    package then finds every symbol it expects, whichever library the loader finds first), each message with
+    its type support and the upstream type hash."""
     import json
-    import sys
     from pathlib import Path
+
+    import vision_msgs.msg
+    from rclpy.type_support import check_for_type_support
 
     upstream = ros_upstream.upstream_type_hashes("vision_msgs")
     assert len(upstream) == 16
-    share = Path(sys.prefix) / "share" / "vision_msgs" / "msg"
-    ours = {}
-    for f in share.glob("*.json"):
-        ours[f.stem] = json.loads(f.read_text())["type_hashes"][0]["hash_string"]
+    for name in upstream:
+        check_for_type_support(getattr(vision_msgs.msg, name))
+    prefix = Path(vision_msgs.__file__).resolve().parents[4]  # <prefix>/lib/pythonX.Y/site-packages/vision_msgs
+    ours = {f.stem: json.loads(f.read_text())["type_hashes"][0]["hash_string"]
+            for f in (prefix / "share" / "vision_msgs" / "msg").glob("*.json")}
     assert ours == upstream
 
 
