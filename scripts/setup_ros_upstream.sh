@@ -125,7 +125,8 @@ write_environment() {
 export PATH="$PREFIX/bin:$VENV/bin\${PATH:+:\$PATH}"
 export PYTHONPATH="$site\${PYTHONPATH:+:\$PYTHONPATH}"
 export LD_LIBRARY_PATH="$PREFIX/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-case ":\${AMENT_PREFIX_PATH:-}:" in *":$VENV:"*) ;; *) export AMENT_PREFIX_PATH="$VENV\${AMENT_PREFIX_PATH:+:\$AMENT_PREFIX_PATH}" ;; esac
+# the venv's ament index (livox_infer) last: an overlay already on AMENT_PREFIX_PATH keeps precedence
+case ":\${AMENT_PREFIX_PATH:-}:" in *":$VENV:"*) ;; *) export AMENT_PREFIX_PATH="\${AMENT_PREFIX_PATH:+\$AMENT_PREFIX_PATH:}$VENV" ;; esac
 export AMENT_PREFIX_PATH="$PREFIX:\$AMENT_PREFIX_PATH"
 EOF
 }

@@ -125,3 +125,19 @@ def test_run_starts_the_node_from_a_preset():
                         "--ros-args", "-p", "input_topic:=/" + unique("nothing")], "detecting on")
     assert "detecting on" in out and "mid70" in out, out
     assert rc == 0, out
+
+
+@pytest.mark.parametrize("sensor", SENSOR_PRESETS)
+def test_preset_header_shows_the_launch_command_that_works(sensor):
+    """`sensor=avia` is not a launch argument (ros2 launch takes NAME:=VALUE): the header shows what to type."""
+    header = [line for line in (CONFIG / f"{sensor}.yaml").read_text().splitlines() if line.startswith("#")]
+    assert f"#   ros2 launch livox_infer detect.launch.py sensor:={sensor}" in header
+    assert not any(f"sensor={sensor}" in line for line in header)
+
+
+def test_integer_values_in_a_parameter_file_are_taken_for_doubles(ros, tmp_path):
+    path = tmp_path / "ints.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"max_range": 80, "roi_x_max": 60}}}))
+    node = ros.add(DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("ints"), context=ros.context,
+                                cli_args=["--ros-args", "--params-file", str(path)]))
+    assert node.get_parameter("max_range").value == 80.0 and node.get_parameter("roi_x_max").value == 60.0

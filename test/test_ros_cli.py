@@ -197,3 +197,18 @@ def test_sensor_msgs_py_reads_and_writes_the_clouds_the_decoder_reads_and_writes
     """)
     r = run(["python", "-c", script], ros_env(), timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok 500", r.stdout + r.stderr
+
+
+def test_launch_exits_non_zero_when_the_node_fails_and_warns_about_unknown_arguments(tmp_path):
+    """Missing weights: the node prints its FATAL line and exits 1, so `ros2 launch` must not report success.
+    `sensr:=` (a typo) is not silently ignored."""
+    params = tmp_path / "broken.yaml"
+    params.write_text("/**:\n  ros__parameters:\n    weights: /nonexistent/missing.safetensors\n"
+                      "    input_topic: /cli_test/unused\n")
+    r = run(["ros2", "launch", "livox_infer", "detect.launch.py", f"params_file:={params}", "use_compile:=false",
+             "device:=cpu", "sensr:=mid40", "node_name:=cli_test_failing"], ros_env(), timeout=START_TIMEOUT_S)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "FATAL" in out and "missing.safetensors" in out, out
+    assert "cli_test_failing" in out and "exited with status 1" in out, out
+    assert "launch argument 'sensr' is not one of detect.launch.py's" in out and "did you mean 'sensor'?" in out, out
