@@ -244,7 +244,7 @@ from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 from visualization_msgs.msg import MarkerArray  # noqa: E402
 
-from livox_infer import ros_msgs, ros_params  # noqa: E402
+from livox_infer import node_startup, ros_msgs, ros_params  # noqa: E402
 
 _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
 
@@ -269,12 +269,17 @@ class DetectorNode(Node):
 
         self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
         self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
-        # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
-        self._pipeline = self._factory(pipeline_options(self._values))
 
+        # Outputs first: the topics exist, and /diagnostics says "warming up", while the pipeline builds.
         self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
         self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
+        self._pipeline = None
+        self.get_logger().info(node_startup.describe_start(self._values))
+        with node_startup.warming_up(self.get_logger(), self._publish_warming_up,
+                                     float(self._values["diagnostics_period"])):
+            # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
+            self._pipeline = self._factory(pipeline_options(self._values))
 
         # Newest-frame slot: the callback overwrites, the worker takes.
         self._cond = threading.Condition()
@@ -476,6 +481,16 @@ class DetectorNode(Node):
     def _describe_model(self) -> str:
         cfg = getattr(self._pipeline, "cfg", None)
         return str(getattr(cfg, "name", None) or self._values["model"])
+
+    def _publish_warming_up(self, elapsed_s: float) -> None:
+        arr = DiagnosticArray()
+        arr.header.stamp = self.get_clock().now().to_msg()
+        arr.status = [ros_msgs.diagnostic_status(
+            f"{self.get_name()}: livox_infer detector", self._values["sensor"], _LEVEL["warn"][0],
+            f"warming up: building the pipeline ({elapsed_s:.0f} s)",
+            {"sensor": self._values["sensor"], "input_topic": self._values["input_topic"],
+             "model": self._values["model"], "use_compile": self._values["use_compile"]})]
+        self._diag_pub.publish(arr)
 
     def diagnostics_status(self):
         snap = self.stats.snapshot()

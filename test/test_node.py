@@ -424,3 +424,51 @@ def test_integers_are_taken_for_double_parameters(ros):
     assert node.get_parameter("max_range").value == 80.0 and isinstance(node.get_parameter("max_range").value, float)
     assert factory.built[0].updates[-1] == {"max_range": 80.0}
     assert not set_param(node, "latency_window", 50.0).successful  # the other way round stays an error
+
+
+def test_topics_and_warming_up_diagnostics_exist_while_the_pipeline_builds(ros):
+    """A torch.compile start takes up to a minute: the node must not look dead meanwhile."""
+    import threading
+
+    release = threading.Event()
+    factory = FakeFactory()
+
+    def slow_factory(options):
+        assert release.wait(30), "test did not release the build"
+        return factory(options)
+
+    observer = ros.node(unique("observer"))
+    diags = Collector(observer, DiagnosticArray, "/diagnostics")
+    name = unique("warming")
+    built = {}
+    starter = threading.Thread(target=lambda: built.update(node=DetectorNode(
+        pipeline_factory=slow_factory, node_name=name, context=ros.context,
+        parameter_overrides=[Parameter("input_topic", value="/" + unique("cloud")),
+                             Parameter("diagnostics_period", value=0.2)])), daemon=True)
+    starter.start()
+    try:
+        assert wait_for(lambda: observer.count_publishers(f"/{name}/detections") == 1, timeout_s=10)
+        assert wait_for(lambda: any(st.message.startswith("warming up") and st.name.startswith(name)
+                                    for m in diags.msgs for st in m.status), timeout_s=10)
+        assert not factory.built
+    finally:
+        release.set()
+        starter.join(timeout=30)
+    node = ros.add(built["node"])
+    assert node.pipeline is factory.built[0]
+    status = node.diagnostics_status()
+    assert not status.message.startswith("warming up")
+
+
+def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
+    from livox_infer.node import PARAMS
+    from livox_infer.node_startup import describe_start
+
+    values = {p.name: p.default for p in PARAMS}
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    assert "no warm compile cache in" in describe_start(values) and str(cache) in describe_start(values)
+    (cache / "fxgraph").mkdir(parents=True)
+    assert "warm compile cache found in" in describe_start(values)
+    assert "eager" in describe_start({**values, "use_compile": False})
+    assert "AOTInductor package /x.pt2" in describe_start({**values, "aoti_package": "/x.pt2"})
