@@ -244,7 +244,7 @@ from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 from visualization_msgs.msg import MarkerArray  # noqa: E402
 
-from livox_infer import node_startup, ros_msgs, ros_params  # noqa: E402
+from livox_infer import node_graph, node_startup, ros_msgs, ros_params  # noqa: E402
 
 _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
 
@@ -292,10 +292,14 @@ class DetectorNode(Node):
         if self._values["input_type"] == "custom_msg":
             # raw=True: the CDR bytes are parsed in bulk (bag.decode_custom_msg_cdr) instead of
             # building one Python object per point.
-            self._sub = self.create_subscription(custom_msg_class(), self._values["input_topic"],
+            self._input_class = custom_msg_class()
+            self._sub = self.create_subscription(self._input_class, self._values["input_topic"],
                                                  self._on_custom_msg, qos, raw=True)
         else:
+            self._input_class = PointCloud2
             self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
+        self._graph_problem: str | None = None  # see _check_graph
+        self._skipped_noted = 0
         self.add_on_set_parameters_callback(self._on_set_parameters)
         # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
         self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(DOUBLE_PARAMS))
@@ -524,6 +528,8 @@ class DetectorNode(Node):
             level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
         elif compile_error:
             level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
+        elif snap["received"] == 0 and getattr(self, "_graph_problem", None):
+            level, message = "warn", self._graph_problem
         elif snap["received"] == 0:
             level, message = "warn", f"no clouds received on {self._values['input_topic']}"
         else:
@@ -531,7 +537,18 @@ class DetectorNode(Node):
         return ros_msgs.diagnostic_status(f"{self.get_name()}: livox_infer detector", self._values["sensor"],
                                           _LEVEL[level][0], message, values)
 
+    def _check_graph(self) -> None:
+        """Say why a running node may look dead: input published with another type, or no output subscriber."""
+        self._graph_problem = node_graph.input_type_mismatch(self, self._values["input_topic"], self._input_class)
+        if self._graph_problem:
+            self.get_logger().warning(self._graph_problem, throttle_duration_sec=6 * WARN_THROTTLE_S)
+        skipped = self.stats.skipped_no_subscribers
+        if skipped > self._skipped_noted:
+            self._skipped_noted = skipped
+            self.get_logger().info(node_graph.no_subscribers_note(skipped), throttle_duration_sec=6 * WARN_THROTTLE_S)
+
     def publish_diagnostics(self) -> None:
+        self._check_graph()
         arr = DiagnosticArray()
         arr.header.stamp = self.get_clock().now().to_msg()
         arr.status = [self.diagnostics_status()]

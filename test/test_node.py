@@ -472,3 +472,37 @@ def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
     assert "warm compile cache found in" in describe_start(values)
     assert "eager" in describe_start({**values, "use_compile": False})
     assert "AOTInductor package /x.pt2" in describe_start({**values, "aoti_package": "/x.pt2"})
+
+
+def test_input_published_with_another_type_is_reported(ros):
+    """A CustomMsg publisher on a PointCloud2 input never matches: no frame, so the node must say why."""
+    livox = pytest.importorskip("livox_ros_driver2.msg")
+    node, _, _, _, _ = start_node(ros)
+    topic = node._values["input_topic"]
+    import rclpy
+    from rclpy.context import Context
+
+    elsewhere = Context()  # another process in real life: one DDS participant cannot hold both types
+    rclpy.init(context=elsewhere)
+    try:
+        other = rclpy.create_node(unique("custom_pub"), context=elsewhere)
+        other.create_publisher(livox.CustomMsg, topic, 1)
+        assert wait_for(lambda: (node._check_graph() or node._graph_problem) is not None, timeout_s=10)
+        other.destroy_node()
+    finally:
+        elsewhere.try_shutdown()
+    status = node.diagnostics_status()
+    assert "is published as livox_ros_driver2/msg/CustomMsg" in status.message
+    assert "set input_type:=custom_msg" in status.message
+
+
+def test_echo_prints_one_line_per_detection():
+    from livox_infer.echo import format_frame
+    from test_node_support import FakeDetections
+
+    dets = FakeDetections(np.array([[10.0, -2.0, -1.0, 4.2, 1.8, 1.5, 0.5]], np.float32), np.array([1]),
+                          np.array([0.8], np.float32), ["pedestrian"])
+    text = format_frame(ros_msgs.detections_to_msg(dets, stamp_ns=1_500_000_000, frame_id="livox_frame"))
+    head, line = text.splitlines()
+    assert head == "1.500 s  livox_frame  1 detections"
+    assert line.split()[:2] == ["pedestrian", "0.80"] and "xyz   10.00   -2.00  -1.00" in line and "yaw +0.50" in line

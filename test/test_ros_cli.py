@@ -70,16 +70,23 @@ def test_launch_by_package_name_turns_a_replayed_cloud_into_detection3darray(lau
     echo = subprocess.Popen(["ros2", "topic", "echo", "--once", f"{NODE_PATH}/detections",
                              "vision_msgs/msg/Detection3DArray"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ours = Background(["livox-infer", "echo", "--topic", f"{NODE_PATH}/detections", "--count", "1",
+                       "--timeout", "120"], env, tmp_path / "livox_echo.log")
     replay = Background(["livox-infer", "replay", str(drive_bag), "--loop", "--topics", "/livox/lidar",
                          "--remap", f"/livox/lidar:={INPUT_TOPIC}"], env, tmp_path / "replay.log")
     try:
         out, err = echo.communicate(timeout=120)
+        ours.proc.wait(timeout=60)
     finally:
         if echo.poll() is None:
             echo.kill()
             echo.wait()
-        replay.stop()
+        ours.stop()
+        replay_rc = replay.stop()
     assert echo.returncode == 0, err
+    assert ours.proc.returncode == 0, ours.output()
+    assert " detections" in ours.output() and ("car " in ours.output() or "pedestrian " in ours.output()), ours.output()
+    assert replay_rc == 0 and "Traceback" not in replay.output(), replay.output()
     msg = yaml.safe_load(out.split("---")[0])
     assert msg["header"]["frame_id"], msg["header"]
     assert msg["detections"], "the simulated street scene has cars: the shipped weights find some"
