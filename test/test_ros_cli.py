@@ -33,7 +33,10 @@ START_TIMEOUT_S = 180  # importing torch and building the eager CPU pipeline on 
 
 @pytest.fixture(scope="module")
 def env() -> dict[str, str]:
-    return ros_env()
+    environment = ros_env()
+    yield environment
+    # every ros2 command here runs with --no-daemon; should one still have started the daemon, end it
+    run(["ros2", "daemon", "stop"], environment, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def drive_bag(env, tmp_path_factory):
 
 
 def param_get(env, name: str) -> str:
-    r = run(["ros2", "param", "get", NODE_PATH, name], env, timeout=30)
+    r = run(["ros2", "param", "get", "--no-daemon", "--timeout", "10", NODE_PATH, name], env, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.strip()
 
@@ -99,19 +102,19 @@ def test_launch_by_package_name_turns_a_replayed_cloud_into_detection3darray(lau
 def test_param_get_and_set_with_an_integer_for_a_double(launched, env):
     assert param_get(env, "sensor") == "String value is: horizon"
     assert param_get(env, "roi_x_max") == "Double value is: 80.0"
-    r = run(["ros2", "param", "set", NODE_PATH, "max_range", "80"], env, timeout=30)  # as users type it
+    r = run(["ros2", "param", "set", "--no-daemon", "--timeout", "10", NODE_PATH, "max_range", "80"], env, timeout=30)  # as users type it
     assert "Set parameter successful" in r.stdout, r.stdout + r.stderr
     assert param_get(env, "max_range") == "Double value is: 80.0"
-    r = run(["ros2", "param", "set", NODE_PATH, "max_range", "90.0"], env, timeout=30)
+    r = run(["ros2", "param", "set", "--no-daemon", "--timeout", "10", NODE_PATH, "max_range", "90.0"], env, timeout=30)
     assert "Set parameter successful" in r.stdout, r.stdout + r.stderr
 
 
 def test_param_set_that_breaks_the_whole_is_refused_with_a_reason(launched, env):
-    r = run(["ros2", "param", "set", NODE_PATH, "roi_x_min", "90.0"], env, timeout=30)
+    r = run(["ros2", "param", "set", "--no-daemon", "--timeout", "10", NODE_PATH, "roi_x_min", "90.0"], env, timeout=30)
     assert "Setting parameter failed: roi_x_min (90.0) must be smaller than roi_x_max (80.0)" in r.stderr
     assert "change both in one request (ros2 param load" in r.stderr
     assert param_get(env, "roi_x_min") == "Double value is: 0.0"
-    r = run(["ros2", "param", "set", NODE_PATH, "sensor", "avia"], env, timeout=30)
+    r = run(["ros2", "param", "set", "--no-daemon", "--timeout", "10", NODE_PATH, "sensor", "avia"], env, timeout=30)
     assert "Setting parameter failed" in r.stderr and "read-only" in r.stderr, r.stdout + r.stderr
     assert param_get(env, "sensor") == "String value is: horizon"
 
@@ -121,14 +124,14 @@ def test_param_load_is_all_or_nothing(launched, env, tmp_path):
     0..150 left behind); a file whose whole is invalid changes nothing."""
     good = tmp_path / "far.yaml"
     good.write_text("/**:\n  ros__parameters:\n    roi_x_min: 90\n    roi_x_max: 150\n    sensor: horizon\n")
-    r = run(["ros2", "param", "load", NODE_PATH, str(good)], env, timeout=30)
+    r = run(["ros2", "param", "load", "--no-daemon", "--timeout", "10", NODE_PATH, str(good)], env, timeout=30)
     assert r.returncode == 0 and "failed" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert param_get(env, "roi_x_min") == "Double value is: 90.0"
     assert param_get(env, "roi_x_max") == "Double value is: 150.0"
 
     bad = tmp_path / "inverted.yaml"
     bad.write_text("/**:\n  ros__parameters:\n    roi_x_max: 0.0\n    max_range: 50.0\n")
-    r = run(["ros2", "param", "load", NODE_PATH, str(bad)], env, timeout=30)
+    r = run(["ros2", "param", "load", "--no-daemon", "--timeout", "10", NODE_PATH, str(bad)], env, timeout=30)
     assert r.stderr.count("failed") == 2, r.stdout + r.stderr
     assert "roi_x_min (90.0) must be smaller than roi_x_max (0.0)" in r.stderr
     assert param_get(env, "roi_x_max") == "Double value is: 150.0"
@@ -136,7 +139,7 @@ def test_param_load_is_all_or_nothing(launched, env, tmp_path):
 
     back = tmp_path / "back.yaml"
     back.write_text("/**:\n  ros__parameters:\n    roi_x_min: 0.0\n    roi_x_max: 80.0\n")
-    r = run(["ros2", "param", "load", NODE_PATH, str(back)], env, timeout=30)
+    r = run(["ros2", "param", "load", "--no-daemon", "--timeout", "10", NODE_PATH, str(back)], env, timeout=30)
     assert r.returncode == 0 and "failed" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert param_get(env, "roi_x_max") == "Double value is: 80.0"
 
