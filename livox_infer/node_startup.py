@@ -32,7 +32,8 @@ def describe_start(values: dict[str, Any]) -> str:
         return f"building {what}, eager (use_compile false: no compile step)"
     cache, warm = compile_cache_state()
     if warm:
-        return f"building {what} with torch.compile; warm compile cache found in {cache}: seconds, not a minute"
+        return (f"building {what} with torch.compile; warm compile cache found in {cache} (when it holds this "
+                f"model's kernels: seconds, not a minute)")
     return (f"building {what} with torch.compile; no warm compile cache in {cache}: the first compile takes about "
             f"a minute on a CPU (later starts reuse it; use_compile:=false starts at once)")
 
