@@ -7,16 +7,30 @@
 
 The preset YAML (config/<sensor>.yaml, or params_file) gives every parameter, including `sensor`;
 input_topic, device, use_compile and rig override it only when given (empty = keep the YAML's value).
+An argument this file does not declare is warned about (a typo would otherwise be ignored silently). When the
+node exits, the launch ends; a node that failed (exit status 1: bad weights, bad parameters) makes
+`ros2 launch` exit non-zero.
 """
 
+import difflib
 import os
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
+from launch.logging import get_logger
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 SENSORS = ("mid40", "mid70", "tele15", "horizon", "avia")
+ARGUMENTS = {
+    "sensor": ("avia", "Livox sensor preset; selects config/<sensor>.yaml"),
+    "params_file": ("", "parameter YAML (default: the package's config/<sensor>.yaml)"),
+    "input_topic": ("", "override the input cloud topic"),
+    "device": ("", "override device: auto, cpu or cuda"),
+    "rig": ("", "rig YAML: several LiDARs merged (docs/rigs.md)"),
+    "use_compile": ("", "override use_compile: true or false"),
+    "node_name": ("livox_detector", "node name"),
+}
 
 
 def _share_dir() -> str:
@@ -30,7 +44,28 @@ def _share_dir() -> str:
         return str(share_dir())
 
 
+def _warn_about_undeclared_arguments(context) -> None:
+    # Configurations of a launch file that includes this one are visible here too, so an unknown name is
+    # warned about, not refused.
+    for name in sorted(set(context.launch_configurations) - set(ARGUMENTS)):
+        hint = difflib.get_close_matches(name, ARGUMENTS, n=1)
+        get_logger("livox_infer.launch").warning(
+            f"launch argument '{name}' is not one of detect.launch.py's ({', '.join(ARGUMENTS)}) and is ignored"
+            + (f"; did you mean '{hint[0]}'?" if hint else ""))
+
+
+def end_launch_with_the_node(event, context):
+    """on_exit of the node: end the launch; a failed node (non-zero exit) makes `ros2 launch` exit 1.
+
+    launch returns 1 when an event handler raises, so a failure raises (with the reason) instead of a quiet
+    Shutdown; an exit during a shutdown already under way (Ctrl-C) is not a failure."""
+    if event.returncode != 0 and not context.is_shutdown:
+        raise RuntimeError(f"{event.action.name} exited with status {event.returncode}; see its messages above")
+    return [Shutdown(reason=f"{event.action.name} exited")]
+
+
 def _node(context, *args, **kwargs):
+    _warn_about_undeclared_arguments(context)
     sensor = LaunchConfiguration("sensor").perform(context)
     if sensor not in SENSORS:
         raise RuntimeError(f"sensor must be one of {SENSORS}, got {sensor!r}")
@@ -57,20 +92,13 @@ def _node(context, *args, **kwargs):
             output="screen",
             emulate_tty=True,
             parameters=[params_file, overrides] if overrides else [params_file],
+            on_exit=end_launch_with_the_node,
         )
     ]
 
 
 def generate_launch_description() -> LaunchDescription:
-    return LaunchDescription([
-        DeclareLaunchArgument("sensor", default_value="avia", choices=list(SENSORS),
-                              description="Livox sensor preset; selects config/<sensor>.yaml"),
-        DeclareLaunchArgument("params_file", default_value="",
-                              description="parameter YAML (default: the package's config/<sensor>.yaml)"),
-        DeclareLaunchArgument("input_topic", default_value="", description="override the input cloud topic"),
-        DeclareLaunchArgument("device", default_value="", description="override device: auto, cpu or cuda"),
-        DeclareLaunchArgument("rig", default_value="", description="rig YAML: several LiDARs merged (docs/rigs.md)"),
-        DeclareLaunchArgument("use_compile", default_value="", description="override use_compile: true or false"),
-        DeclareLaunchArgument("node_name", default_value="livox_detector", description="node name"),
-        OpaqueFunction(function=_node),
-    ])
+    declared = [DeclareLaunchArgument(name, default_value=default, description=description,
+                                      **({"choices": list(SENSORS)} if name == "sensor" else {}))
+                for name, (default, description) in ARGUMENTS.items()]
+    return LaunchDescription([*declared, OpaqueFunction(function=_node)])

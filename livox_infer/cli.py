@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("livox_infer.detect_cli", "run the detector over a bag or point files, or an archive of them (--out-dir, Ray)"),
     "run": ("livox_infer.node", "start the ROS 2 detector node from a preset YAML (no ros2 launch needed)"),
     "replay": ("livox_infer.replay", "publish a bag's clouds into ROS with recorded timing"),
+    "echo": ("livox_infer.echo", "print the node's detections per frame (no RViz needed)"),
     "export": ("livox_infer.model.export", "AOTInductor package of the network for machines without a compiler"),
     "demo": ("livox_infer.demo", "simulated Avia drive -> ROS 2 node -> detections vs ground truth (+ BEV picture)"),
 }

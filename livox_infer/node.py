@@ -125,6 +125,7 @@ PARAMS: tuple[ParamSpec, ...] = (
               read_only=True, int_range=(10, 100_000)),
 )
 PARAM_SPECS = {p.name: p for p in PARAMS}
+DOUBLE_PARAMS = frozenset(p.name for p in PARAMS if isinstance(p.default, float))
 
 
 def validate_params(values: dict[str, Any]) -> str | None:
@@ -147,7 +148,8 @@ def validate_params(values: dict[str, Any]) -> str | None:
     for axis in "xyz":
         lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
         if lo >= hi:
-            return f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi})"
+            return (f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi}); to move the range past "
+                    "its other end, change both in one request (ros2 param load, set_parameters_atomically)")
     if not str(values["model"]).strip():
         return "model must name a model config"
     if values["input_type"] == "custom_msg" and custom_msg_class() is None:
@@ -262,7 +264,7 @@ from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 from visualization_msgs.msg import MarkerArray  # noqa: E402
 
-from livox_infer import ros_msgs  # noqa: E402
+from livox_infer import node_graph, node_startup, ros_msgs, ros_params  # noqa: E402
 
 _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
 
@@ -290,12 +292,17 @@ class DetectorNode(Node):
         self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
         self._pipeline_lock = threading.Lock()  # held while the pipeline runs or is changed
         self.threads = apply_threads(int(self._values["threads"]))  # before the pipeline's first torch work
-        # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
-        self._pipeline = self._factory({**pipeline_options(self._values), **self._rig_options})
 
+        # Outputs first: the topics exist, and /diagnostics says "warming up", while the pipeline builds.
         self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
         self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
+        self._pipeline = None
+        self.get_logger().info(node_startup.describe_start(self._values))
+        with node_startup.warming_up(self.get_logger(), self._publish_warming_up,
+                                     float(self._values["diagnostics_period"])):
+            # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
+            self._pipeline = self._factory({**pipeline_options(self._values), **self._rig_options})
 
         # Newest-frame slot: the callback overwrites, the worker takes.
         self._cond = threading.Condition()
@@ -310,11 +317,18 @@ class DetectorNode(Node):
         elif self._values["input_type"] == "custom_msg":
             # raw=True: the CDR bytes are parsed in bulk (bag.decode_custom_msg_cdr) instead of
             # building one Python object per point.
-            self._sub = self.create_subscription(custom_msg_class(), self._values["input_topic"],
+            self._input_class = custom_msg_class()
+            self._sub = self.create_subscription(self._input_class, self._values["input_topic"],
                                                  self._on_custom_msg, qos, raw=True)
         else:
+            self._input_class = PointCloud2
             self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
+        self._graph_problem: str | None = None  # see _check_graph
+        self._skipped_noted = 0
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
+        self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(DOUBLE_PARAMS))
+        ros_params.serve_set_parameters_as_one_change(self)
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
@@ -522,6 +536,16 @@ class DetectorNode(Node):
         cfg = getattr(self._pipeline, "cfg", None)
         return str(getattr(cfg, "name", None) or self._values["model"])
 
+    def _publish_warming_up(self, elapsed_s: float) -> None:
+        arr = DiagnosticArray()
+        arr.header.stamp = self.get_clock().now().to_msg()
+        arr.status = [ros_msgs.diagnostic_status(
+            f"{self.get_name()}: livox_infer detector", self._values["sensor"], _LEVEL["warn"][0],
+            f"warming up: building the pipeline ({elapsed_s:.0f} s)",
+            {"sensor": self._values["sensor"], "input_topic": self._values["input_topic"],
+             "model": self._values["model"], "use_compile": self._values["use_compile"]})]
+        self._diag_pub.publish(arr)
+
     def diagnostics_status(self):
         snap = self.stats.snapshot()
         now = time.monotonic()
@@ -558,6 +582,8 @@ class DetectorNode(Node):
             level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
         elif compile_error:
             level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
+        elif snap["received"] == 0 and getattr(self, "_graph_problem", None):
+            level, message = "warn", self._graph_problem
         elif snap["received"] == 0:
             level, message = "warn", f"no clouds received on {self._values['input_topic']}"
         else:
@@ -565,7 +591,18 @@ class DetectorNode(Node):
         return ros_msgs.diagnostic_status(f"{self.get_name()}: livox_infer detector", self._values["sensor"],
                                           _LEVEL[level][0], message, values)
 
+    def _check_graph(self) -> None:
+        """Say why a running node may look dead: input published with another type, or no output subscriber."""
+        self._graph_problem = node_graph.input_type_mismatch(self, self._values["input_topic"], self._input_class)
+        if self._graph_problem:
+            self.get_logger().warning(self._graph_problem, throttle_duration_sec=6 * WARN_THROTTLE_S)
+        skipped = self.stats.skipped_no_subscribers
+        if skipped > self._skipped_noted:
+            self._skipped_noted = skipped
+            self.get_logger().info(node_graph.no_subscribers_note(skipped), throttle_duration_sec=6 * WARN_THROTTLE_S)
+
     def publish_diagnostics(self) -> None:
+        self._check_graph()
         arr = DiagnosticArray()
         arr.header.stamp = self.get_clock().now().to_msg()
         arr.status = [self.diagnostics_status()]

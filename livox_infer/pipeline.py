@@ -108,6 +108,12 @@ def _inductor_cache_default() -> None:
     )
 
 
+def inductor_cache_dir() -> Path:
+    """Where torch.compile keeps its compiled kernels (TORCHINDUCTOR_CACHE_DIR; default under ~/.cache/livox_infer)."""
+    _inductor_cache_default()
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 class DetectionPipeline:
     """The whole ROS-free detector. See the module docstring; parameters:
 

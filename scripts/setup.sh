@@ -9,6 +9,7 @@
 #   PYTHON             interpreter that creates the venv (default: python3.11, else python3; needs >= 3.10)
 #   SKIP_APT=1         do not touch system packages (they must be there already)
 #   FORCE=1            redo every step
+#   ROS_UPSTREAM_SOURCES  upstream ROS 2 tool sources for the tests (default <repo>/../shared/ros2_upstream)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -126,6 +127,18 @@ build_interfaces() {
     bash "$REPO_ROOT/scripts/build_interfaces.sh" "$VENV" vision_msgs livox_ros_driver2
 }
 
+# ---------------------------------------------------------------- 6. upstream ROS 2 tools for the tests (optional)
+# ros2 launch / param / topic and sensor_msgs_py are not on PyPI: their sources ship in ../shared/ros2_upstream, and
+# they go into their own prefix (<venv>/ros2_upstream), not into the venv (test tools, not livox_infer dependencies).
+install_ros_upstream_tools() {
+    local sources="${ROS_UPSTREAM_SOURCES:-$REPO_ROOT/../shared/ros2_upstream}"
+    if [ ! -d "$sources" ]; then
+        log "no $sources: the tests that run ros2 launch/param/topic will skip"
+        return 0
+    fi
+    bash "$REPO_ROOT/scripts/setup_ros_upstream.sh" "$VENV"
+}
+
 check_environment() {
     # From / so that livox_infer must come from the install, not from the current directory.
     (cd / && "$VENV/bin/python" - <<'EOF') || die "the venv does not import what livox_infer needs (see above)"
@@ -151,6 +164,7 @@ main() {
     link_ros_layout
     build_interfaces
     check_environment
+    install_ros_upstream_tools
     log "ready: $VENV ($((SECONDS - t0)) s)"
 }
 

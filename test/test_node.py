@@ -382,3 +382,127 @@ def test_parameter_changes_over_the_parameter_service(ros):
     good = call("tag_filter", "strict")
     assert good.successful and node.get_parameter("tag_filter").value == "strict"
     assert factory.built[0].updates[-1] == {"tag_filter": "strict"}
+
+
+def test_a_set_parameters_request_is_one_change(ros):
+    """`ros2 param load` sends one SetParameters request: it is validated and applied as a whole. Moving the ROI
+    past its other end (x 0..70 -> 90..150) works, an invalid whole changes nothing; integers are taken for
+    doubles, and entries equal to the current value (a read-only `sensor`) are no change."""
+    from rcl_interfaces.srv import SetParameters
+
+    node, _, _, _, factory = start_node(ros)
+    client_node = ros.node(unique("param_client"))
+    client = client_node.create_client(SetParameters, f"{node.get_fully_qualified_name()}/set_parameters")
+    assert client.wait_for_service(timeout_sec=5)
+
+    def load(**values):
+        req = SetParameters.Request(parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()])
+        fut = client.call_async(req)
+        assert wait_for(fut.done, timeout_s=5)
+        return fut.result().results
+
+    assert node._values["roi_x_max"] < 90
+    results = load(roi_x_min=90, roi_x_max=150, sensor=node._values["sensor"])
+    assert [r.successful for r in results] == [True] * 3, [r.reason for r in results]
+    assert node.get_parameter("roi_x_min").value == 90.0 and node.get_parameter("roi_x_max").value == 150.0
+    assert factory.built[0].updates[-1]["roi"][0::3] == (90.0, 150.0)
+    updates = len(factory.built[0].updates)
+    results = load(max_range=50.0, roi_x_max=10.0)
+    assert [r.successful for r in results] == [False, False]
+    assert all("roi_x_min (90.0) must be smaller than roi_x_max (10.0)" in r.reason for r in results)
+    assert node.get_parameter("max_range").value != 50.0 and node.get_parameter("roi_x_max").value == 150.0
+    assert len(factory.built[0].updates) == updates
+    results = load(sensor="mid40", max_range=50.0)
+    assert not any(r.successful for r in results) and "read-only" in results[0].reason
+    assert node.get_parameter("max_range").value != 50.0
+
+
+def test_integers_are_taken_for_double_parameters(ros):
+    node, _, _, _, factory = start_node(ros)
+    result = set_param(node, "max_range", 80)
+    assert result.successful, result.reason
+    assert node.get_parameter("max_range").value == 80.0 and isinstance(node.get_parameter("max_range").value, float)
+    assert factory.built[0].updates[-1] == {"max_range": 80.0}
+    assert not set_param(node, "latency_window", 50.0).successful  # the other way round stays an error
+
+
+def test_topics_and_warming_up_diagnostics_exist_while_the_pipeline_builds(ros):
+    """A torch.compile start takes up to a minute: the node must not look dead meanwhile."""
+    import threading
+
+    release = threading.Event()
+    factory = FakeFactory()
+
+    def slow_factory(options):
+        assert release.wait(30), "test did not release the build"
+        return factory(options)
+
+    observer = ros.node(unique("observer"))
+    diags = Collector(observer, DiagnosticArray, "/diagnostics")
+    name = unique("warming")
+    built = {}
+    starter = threading.Thread(target=lambda: built.update(node=DetectorNode(
+        pipeline_factory=slow_factory, node_name=name, context=ros.context,
+        parameter_overrides=[Parameter("input_topic", value="/" + unique("cloud")),
+                             Parameter("diagnostics_period", value=0.2)])), daemon=True)
+    starter.start()
+    try:
+        assert wait_for(lambda: observer.count_publishers(f"/{name}/detections") == 1, timeout_s=10)
+        assert wait_for(lambda: any(st.message.startswith("warming up") and st.name.startswith(name)
+                                    for m in diags.msgs for st in m.status), timeout_s=10)
+        assert not factory.built
+    finally:
+        release.set()
+        starter.join(timeout=30)
+    node = ros.add(built["node"])
+    assert node.pipeline is factory.built[0]
+    status = node.diagnostics_status()
+    assert not status.message.startswith("warming up")
+
+
+def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
+    from livox_infer.node import PARAMS
+    from livox_infer.node_startup import describe_start
+
+    values = {p.name: p.default for p in PARAMS}
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    assert "no warm compile cache in" in describe_start(values) and str(cache) in describe_start(values)
+    (cache / "fxgraph").mkdir(parents=True)
+    assert "warm compile cache found in" in describe_start(values)
+    assert "eager" in describe_start({**values, "use_compile": False})
+    assert "AOTInductor package /x.pt2" in describe_start({**values, "aoti_package": "/x.pt2"})
+
+
+def test_input_published_with_another_type_is_reported(ros):
+    """A CustomMsg publisher on a PointCloud2 input never matches: no frame, so the node must say why."""
+    livox = pytest.importorskip("livox_ros_driver2.msg")
+    node, _, _, _, _ = start_node(ros)
+    topic = node._values["input_topic"]
+    import rclpy
+    from rclpy.context import Context
+
+    elsewhere = Context()  # another process in real life: one DDS participant cannot hold both types
+    rclpy.init(context=elsewhere)
+    try:
+        other = rclpy.create_node(unique("custom_pub"), context=elsewhere)
+        other.create_publisher(livox.CustomMsg, topic, 1)
+        assert wait_for(lambda: (node._check_graph() or node._graph_problem) is not None, timeout_s=10)
+        other.destroy_node()
+    finally:
+        elsewhere.try_shutdown()
+    status = node.diagnostics_status()
+    assert "is published as livox_ros_driver2/msg/CustomMsg" in status.message
+    assert "set input_type:=custom_msg" in status.message
+
+
+def test_echo_prints_one_line_per_detection():
+    from livox_infer.echo import format_frame
+    from test_node_support import FakeDetections
+
+    dets = FakeDetections(np.array([[10.0, -2.0, -1.0, 4.2, 1.8, 1.5, 0.5]], np.float32), np.array([1]),
+                          np.array([0.8], np.float32), ["pedestrian"])
+    text = format_frame(ros_msgs.detections_to_msg(dets, stamp_ns=1_500_000_000, frame_id="livox_frame"))
+    head, line = text.splitlines()
+    assert head == "1.500 s  livox_frame  1 detections"
+    assert line.split()[:2] == ["pedestrian", "0.80"] and "xyz   10.00   -2.00  -1.00" in line and "yaw +0.50" in line

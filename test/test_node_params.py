@@ -150,3 +150,17 @@ def test_threads_parameter_is_applied_at_start_and_reported(ros, monkeypatch):
 def test_run_passes_threads_to_the_node_only_when_given():
     assert not any(a.startswith("threads:=") for a in ros_arguments(run_args("--sensor", "avia")))
     assert ros_arguments(run_args("--sensor", "avia", "--threads", "2"))[-2:] == ["-p", "threads:=2"]
+@pytest.mark.parametrize("sensor", SENSOR_PRESETS)
+def test_preset_header_shows_the_launch_command_that_works(sensor):
+    """`sensor=avia` is not a launch argument (ros2 launch takes NAME:=VALUE): the header shows what to type."""
+    header = [line for line in (CONFIG / f"{sensor}.yaml").read_text().splitlines() if line.startswith("#")]
+    assert f"#   ros2 launch livox_infer detect.launch.py sensor:={sensor}" in header
+    assert not any(f"sensor={sensor}" in line for line in header)
+
+
+def test_integer_values_in_a_parameter_file_are_taken_for_doubles(ros, tmp_path):
+    path = tmp_path / "ints.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"max_range": 80, "roi_x_max": 60}}}))
+    node = ros.add(DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("ints"), context=ros.context,
+                                cli_args=["--ros-args", "--params-file", str(path)]))
+    assert node.get_parameter("max_range").value == 80.0 and node.get_parameter("roi_x_max").value == 60.0

@@ -124,3 +124,38 @@ def test_bad_input_gives_clear_errors(ros, tmp_path):
         BagReplayer(node, bag, topics=["/not/in/bag"])
     with pytest.raises(ConfigError, match="rate"):
         BagReplayer(node, bag, rate=-1.0)
+
+
+def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_path):
+    """`livox-infer replay BAG --loop --remap A:=B`, then Ctrl-C: exit 0 with the summary, no RCLError traceback
+    (rclpy's SIGINT handler used to invalidate the context under the publish loop) and no rcl warning about
+    the deprecated remap syntax (our --remap reached rcl as a bare `A:=B`)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    bag = write_bag(tmp_path / "bag")
+    topic = "/" + unique("ctrl_c")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.cli", "replay", str(bag), "--loop", "--rate", "0",
+                             "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("replaying" in line for line in lines), timeout_s=60), "".join(lines)
+        time.sleep(1.0)  # publishing (rate 0: as fast as possible) when the Ctrl-C comes
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=5)
+    out = "".join(lines)
+    assert rc in (0, 130), out
+    assert "Traceback" not in out and "RCLError" not in out, out
+    assert "deprecated" not in out, out
+    assert f"{topic}:" in out and "loops" in out, out  # the summary
