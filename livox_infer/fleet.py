@@ -57,7 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inputs-from", default=None, metavar="FILE",
                    help="list file: one input path per line (also @FILE)")
     g.add_argument("--annotated-bags", action="store_true", help="also write <input>.annotated rosbag2 per input")
-    g.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     g.add_argument("--ray", action="store_true", help="run on a local Ray cluster started now (--workers workers)")
     g.add_argument("--ray-address", default=None, metavar="ADDRESS",
                    help="run on this Ray cluster: auto (this node belongs to it) or HEAD_IP:6379")
@@ -395,7 +394,7 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError("--out / --out-bag write one file; with --out-dir each input gets its own "
                           "(<input>.jsonl, --annotated-bags)")
     if args.threads < 1 or args.workers < 1:
-        raise ConfigError("--threads and --workers must be >= 1")
+        raise ConfigError("--threads (per archive worker) and --workers must be >= 1")
     if args.ray and args.ray_address:
         raise ConfigError("give --ray (a local cluster) or --ray-address (an existing one), not both")
     if args.ray or args.ray_address:
