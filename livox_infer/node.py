@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
-from livox_infer.pointcloud import check_pointcloud2
+from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, check_pointcloud2
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
@@ -86,6 +86,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("roi_z_min", -3.0, "Region of interest z min (m, sensor frame).", float_range=(-50.0, 50.0)),
     ParamSpec("roi_z_max", 3.0, "Region of interest z max (m, sensor frame).", float_range=(-50.0, 50.0)),
     ParamSpec("max_range", 100.0, "Drop points farther than this from the sensor (m).", float_range=(0.5, 1000.0)),
+    ParamSpec("max_points", DEFAULT_MAX_POINTS, "Point budget per cloud (after the filters): a larger cloud is "
+              "thinned deterministically to this many points (counted as frames_over_budget, warned).",
+              int_range=MAX_POINTS_RANGE),
     ParamSpec("tag_filter", "high_confidence", f"Livox tag noise filter: one of {TAG_FILTER_MODES}.",
               choices=TAG_FILTER_MODES),
     ParamSpec("intensity_scale", 255.0, "Full-scale intensity of the input (255 for Livox reflectivity, 1.0 for "
@@ -146,6 +149,7 @@ def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
         },
         "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
         "max_range": float(values["max_range"]),
+        "max_points": int(values["max_points"]),
         "tag_filter": values["tag_filter"],
         "intensity_scale": float(values["intensity_scale"]),
         "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
@@ -192,6 +196,7 @@ class NodeStats:
     rejected: int = 0  # malformed / unsupported clouds (PointCloudError)
     empty: int = 0  # clouds with no points (published as empty detection arrays)
     failed: int = 0  # unexpected pipeline errors
+    over_budget: int = 0  # clouds thinned to max_points (processed, but not all points used)
     skipped_no_subscribers: int = 0
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
@@ -207,7 +212,7 @@ class NodeStats:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
-                                               "skipped_no_subscribers", "last_error")}
+                                               "over_budget", "skipped_no_subscribers", "last_error")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -442,6 +447,7 @@ class DetectorNode(Node):
                 self.get_logger().error(f"detection failed: {exc}", throttle_duration_sec=WARN_THROTTLE_S)
                 return
         detect_ms = (time.monotonic() - started) * 1e3
+        self._count_over_budget(dets)
 
         if header is None:  # a Cloud from a CustomMsg
             out = ros_msgs.detections_to_msg(dets, stamp_ns=msg.stamp_ns, frame_id=frame_override or msg.frame_id)
@@ -458,6 +464,15 @@ class DetectorNode(Node):
             self.stats.add_latency("node_detect", detect_ms)
             self.stats.add_latency("queue_wait", (started - received_at) * 1e3)
             self.stats.add_latency("end_to_end", (done - received_at) * 1e3)
+
+    def _count_over_budget(self, dets) -> None:
+        thinned = int(getattr(dets, "points_over_budget", 0) or 0)
+        if thinned:
+            with self.stats.lock:
+                self.stats.over_budget += 1
+            self.get_logger().warning(
+                f"cloud over the point budget: {thinned} points dropped to keep max_points="
+                f"{self._values['max_points']}", throttle_duration_sec=WARN_THROTTLE_S)
 
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
@@ -487,7 +502,8 @@ class DetectorNode(Node):
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
-        for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "skipped_no_subscribers"):
+        for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "over_budget",
+                  "skipped_no_subscribers"):
             values[f"frames_{k}"] = snap[k]
         for stage, samples in sorted(snap["latency_ms"].items()):
             mean, p50, p99 = ros_msgs.percentile_summary(samples)

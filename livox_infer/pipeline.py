@@ -33,7 +33,15 @@ from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.model.postprocess import build_inference_model, select_detections
 from livox_infer.model.refine import refine_candidates
-from livox_infer.pointcloud import Cloud, DecodeFilter, decode_pointcloud2, filter_points
+from livox_infer.pointcloud import (
+    DEFAULT_MAX_POINTS,
+    Cloud,
+    DecodeFilter,
+    check_max_points,
+    decode_pointcloud2,
+    filter_points,
+    limit_points,
+)
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
 
@@ -62,6 +70,7 @@ class Detections:
     sensor_height: float = float("nan")  # the value used for this frame (estimated in "auto" mode)
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
+    points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
 
     def __len__(self) -> int:
         return int(self.boxes.shape[0])
@@ -125,6 +134,9 @@ class DetectionPipeline:
     roi: (x_min, y_min, z_min, x_max, y_max, z_max) crop in the cloud's frame, or None.
     tag_filter: Livox tag filter "off" | "high_confidence" | "strict" (clouds without tags unaffected).
     max_range / min_range: euclidean range window (m) or None.
+    max_points: point budget (`livox_infer.pointcloud.DEFAULT_MAX_POINTS`, range ``MAX_POINTS_RANGE``): a
+        filtered cloud with more points is thinned deterministically to this many (evenly spaced in
+        message order) before any later stage; ``Detections.points_over_budget`` says how many were dropped.
     nms_iou, max_detections: override the config's NMS parameters.
     aoti_package: an AOTInductor package from `livox-infer export` (network + decoding compiled ahead of
         time, weights inside): used instead of torch.compile / the weights file, so the machine needs
@@ -152,6 +164,7 @@ class DetectionPipeline:
         min_range: float | None = None,
         nms_iou: Any = None,
         max_detections: int | None = None,
+        max_points: int = DEFAULT_MAX_POINTS,
         cuda_graphs: bool = True,
         aoti_package: str | Path | None = None,
         test_time_flip: bool = False,
@@ -167,7 +180,7 @@ class DetectionPipeline:
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
-            max_detections=max_detections, refine=refine,
+            max_detections=max_detections, refine=refine, max_points=max_points,
         )
 
     # -- construction --------------------------------------------------------------------------
@@ -255,7 +268,7 @@ class DetectionPipeline:
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
-            "min_range", "nms_iou", "max_detections", "refine",
+            "min_range", "nms_iou", "max_detections", "refine", "max_points",
         }
         unknown = sorted(set(params) - all_keys)
         if unknown:
@@ -315,6 +328,8 @@ class DetectionPipeline:
         if not isinstance(refine, bool):
             raise ConfigError(f"refine must be true or false, got {refine!r}")
         new["refine"] = refine
+        mp = new.get("max_points")
+        new["max_points"] = check_max_points(DEFAULT_MAX_POINTS if mp is None else mp)
         self.filters = DecodeFilter.from_roi(
             new.get("roi"), tag_filter=new.get("tag_filter") or "off",
             max_range=new.get("max_range"), min_range=new.get("min_range"),
@@ -380,7 +395,7 @@ class DetectionPipeline:
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
         t0 = time.perf_counter()
-        cloud = _as_cloud(x, self.filters)
+        cloud, over_budget = limit_points(_as_cloud(x, self.filters), self._params["max_points"])
         t1 = time.perf_counter()
         mount = self.current_mount(cloud.points)
         t_ground = time.perf_counter()
@@ -423,6 +438,7 @@ class DetectionPipeline:
             label_names=[self.cfg.classes[i] for i in labels_np], timings_ms=timings,
             class_names=tuple(self.cfg.classes), stamp_ns=cloud.stamp_ns, frame_id=cloud.frame_id,
             sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, num_points=int(cloud.points.shape[0]),
+            points_over_budget=over_budget,
         )
 
     __call__ = detect

@@ -178,6 +178,37 @@ class DecodeFilter:
         )
 
 
+# Point budget (pipeline parameter ``max_points``, node parameter of the same name): a cloud with more
+# points than this after the filters is thinned to exactly this many, so no stage (ground estimate,
+# voxelizer, refiner) ever works on more. 200k is ~8 Livox frames at 10 Hz (Avia: ~24k points per frame):
+# room for accumulated or multi-sensor clouds, small enough to bound a frame's time and memory
+# (docs/detector.md, "Point budget").
+DEFAULT_MAX_POINTS = 200_000
+MAX_POINTS_RANGE = (1_000, 5_000_000)
+
+
+def check_max_points(value: Any) -> int:
+    """``value`` as a point budget, or ConfigError."""
+    lo, hi = MAX_POINTS_RANGE
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
+        raise ConfigError(f"max_points must be an integer in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+def limit_points(cloud: "Cloud", max_points: int) -> tuple["Cloud", int]:
+    """``cloud`` thinned to at most ``max_points`` points, and how many were dropped.
+
+    Deterministic: the kept points are evenly spaced in message order (a Livox cloud is in firing order,
+    so this is an even thinning in time and over the scan pattern); the same cloud always gives the same
+    subset. A cloud within the budget is returned as it is."""
+    n = len(cloud)
+    if n <= max_points:
+        return cloud, 0
+    keep = (np.arange(max_points, dtype=np.int64) * n) // max_points  # strictly increasing, first point kept
+    take = lambda a: None if a is None else a.take(keep, axis=0)  # noqa: E731
+    return Cloud(take(cloud.points), take(cloud.time), take(cloud.tag), cloud.stamp_ns, cloud.frame_id), n - max_points
+
+
 # --------------------------------------------------------------------------- decoding
 
 

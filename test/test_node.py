@@ -382,3 +382,16 @@ def test_parameter_changes_over_the_parameter_service(ros):
     good = call("tag_filter", "strict")
     assert good.successful and node.get_parameter("tag_filter").value == "strict"
     assert factory.built[0].updates[-1] == {"tag_filter": "strict"}
+
+
+def test_clouds_over_the_point_budget_are_counted_and_reported(ros):
+    node, pub, dets, _, factory = start_node(ros, max_points=1000)
+    assert factory.built[0].options["max_points"] == 1000
+    assert publish_until(pub, cloud_msg(n=300), dets)
+    assert node.stats.over_budget == 0
+    assert publish_until(pub, cloud_msg(n=1500), dets, count=len(dets.msgs) + 1)
+    assert wait_for(lambda: node.stats.over_budget >= 1)
+    assert int(ros_msgs.diagnostic_values(node.diagnostics_status())["frames_over_budget"]) >= 1
+    assert not set_param(node, "max_points", 10).successful  # below MAX_POINTS_RANGE
+    assert set_param(node, "max_points", 5000).successful
+    assert factory.built[0].updates[-1] == {"max_points": 5000}

@@ -227,3 +227,22 @@ def test_one_point_with_a_huge_intensity_leaves_the_frame_intact(value):
     if value > 0:
         pts[:, 3] = value  # every point
         assert np.isfinite(pipe.detect(pts).boxes).all()
+
+
+def test_point_budget_thins_deterministically_and_reports_it(small_model):
+    from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, score_thresholds=0.0, max_points=2000)
+    pts = scene_points()  # 6800 points
+    a, b = pipe.detect(pts), pipe.detect(pts)
+    assert a.num_points == 2000 and a.points_over_budget == len(pts) - 2000
+    assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)  # same subset every run
+    pipe.update(max_points=len(pts))
+    full = pipe.detect(pts)
+    assert full.num_points == len(pts) and full.points_over_budget == 0
+    assert pipe.params["max_points"] == len(pts)
+    for bad in (0, MAX_POINTS_RANGE[1] + 1, 2.5, True, "many"):
+        with pytest.raises(ConfigError, match="max_points"):
+            pipe.update(max_points=bad)
+    assert pipe.params["max_points"] == len(pts)  # a rejected value changes nothing
+    assert DetectionPipeline(small_model, compile=False).params["max_points"] == DEFAULT_MAX_POINTS
