@@ -33,7 +33,7 @@ NODE_NAME = "livox_detector"
 
 # Parameters whose change needs a new pipeline (new network / device / weights); the rest are
 # applied in place with DetectionPipeline.update().
-REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package", "test_time_flip"})
+REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "test_time_flip"})
 # Parameters only the node itself uses (no pipeline involvement).
 NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
                               "diagnostics_period", "latency_window"})
@@ -67,8 +67,10 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
               "Change rebuilds."),
     ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
+    # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
-              "compiled ahead of time with its weights, no compiler needed; empty = off. Change rebuilds."),
+              "compiled ahead of time with its weights, no compiler needed; empty = off. Only packages listed in "
+              "the export manifest are loaded (docs/detector.md, Trust model).", read_only=True),
     ParamSpec("test_time_flip", False, "Run the network on each frame and its mirror image and average them "
               "(~+11 ms compiled network time on 1 core; with the shipped refiner no AP gain, docs/detector.md). "
               "Change rebuilds."),

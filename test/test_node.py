@@ -395,3 +395,10 @@ def test_clouds_over_the_point_budget_are_counted_and_reported(ros):
     assert not set_param(node, "max_points", 10).successful  # below MAX_POINTS_RANGE
     assert set_param(node, "max_points", 5000).successful
     assert factory.built[0].updates[-1] == {"max_points": 5000}
+
+
+def test_aoti_package_is_start_up_only(ros):
+    """A package is native code: the parameter service must not make the node load one."""
+    node, _, _, _, factory = start_node(ros)
+    assert not set_param(node, "aoti_package", "/tmp/any.pt2").successful
+    assert len(factory.built) == 1 and node._values["aoti_package"] == ""
