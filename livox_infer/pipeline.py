@@ -89,6 +89,19 @@ def estimate_sensor_height(points: np.ndarray) -> float | None:
     return None if m is None else m.height
 
 
+def synthetic_frame(grid: Any) -> np.ndarray:
+    """A fixed levelled frame (ground at z = 0, a car-sized block of points on it) inside ``grid``'s region:
+    the known input a new pipeline is checked with before it is used (`DetectionPipeline.self_test`)."""
+    (x0, x1), (y0, y1) = grid.x_range, grid.y_range
+    gx, gy = np.meshgrid(np.linspace(x0 + 1, x1 - 1, 64), np.linspace(y0 + 1, y1 - 1, 64))
+    ground = np.c_[gx.ravel(), gy.ravel(), np.zeros(gx.size)]
+    cx, cy = x0 + 0.3 * (x1 - x0), 0.5 * (y0 + y1)
+    bx, by, bz = np.meshgrid(np.linspace(-2, 2, 16), np.linspace(-0.9, 0.9, 8), np.linspace(0.2, 1.5, 6))
+    car = np.c_[bx.ravel() + cx, by.ravel() + cy, bz.ravel()]
+    pts = np.r_[ground, car]
+    return np.c_[pts, np.full(len(pts), 0.3 * grid.intensity_scale)].astype(np.float32)
+
+
 def _as_cloud(x: Any, filters: DecodeFilter) -> Cloud:
     """Accept a PointCloud2-shaped message, a Cloud, or an (N, 4) array / tensor; apply the filters."""
     if isinstance(x, Cloud):
@@ -182,6 +195,7 @@ class DetectionPipeline:
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
             max_detections=max_detections, refine=refine, max_points=max_points,
         )
+        self.self_test()
 
     # -- construction --------------------------------------------------------------------------
     def _build_network(self) -> None:
@@ -316,6 +330,8 @@ class DetectionPipeline:
         if rebuild_net or getattr(self, "grid", None) != grid:
             self.grid = grid
             self.voxelizer = Voxelizer(grid, self.device)
+        if rebuild_net:  # a new network is checked before it is used
+            self.self_test()
 
         new["score_thresholds"] = self._per_class(new.get("score_thresholds"), self.cfg.score_thresholds, "score_thresholds")
         new["nms_iou"] = self._per_class(new.get("nms_iou"), self.cfg.nms_iou, "nms_iou")
@@ -364,6 +380,20 @@ class DetectionPipeline:
         return {**self._net_params, **self._params}
 
     # -- running -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def self_test(self) -> None:
+        """Run `synthetic_frame` through voxelizer, network and stage 2: WeightsError when any output is not
+        finite (weights that pass every file check but still compute garbage are refused before use)."""
+        self._input.copy_(self.voxelizer(torch.from_numpy(synthetic_frame(self.grid)).to(self.device))[None])
+        scores, labels, boxes = self._runner(self._input)
+        if self._refiner is not None:
+            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes,
+                                                      torch.from_numpy(synthetic_frame(self.grid)).to(self.device),
+                                                      scores, labels, boxes, self.grid.intensity_scale)
+        if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
+            raise WeightsError(f"cannot load {self.weights_file}: the network gives non-finite outputs on a "
+                               "known synthetic frame")
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

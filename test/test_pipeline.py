@@ -246,3 +246,24 @@ def test_point_budget_thins_deterministically_and_reports_it(small_model):
             pipe.update(max_points=bad)
     assert pipe.params["max_points"] == len(pts)  # a rejected value changes nothing
     assert DetectionPipeline(small_model, compile=False).params["max_points"] == DEFAULT_MAX_POINTS
+
+
+def test_a_pipeline_whose_network_computes_garbage_is_refused(small_model, tmp_path):
+    """Weights that pass every file check (plausible magnitudes, matching hash) but overflow the network."""
+    from livox_infer.pipeline import synthetic_frame
+
+    cfg = ModelConfig.load(small_model)
+    net = build_model(cfg)
+    with torch.no_grad():
+        for name, t in net.state_dict().items():
+            if t.is_floating_point() and not name.endswith(("running_var", "running_mean")):
+                t.fill_(9e4)  # within MAX_ABS_VALUE; layer after layer the activations overflow
+    bad = tmp_path / "overflow.safetensors"
+    save_weights(net, cfg, bad)
+    with pytest.raises(WeightsError, match="non-finite outputs"):
+        DetectionPipeline(small_model, weights=bad, compile=False)
+    good = DetectionPipeline(small_model, compile=False, sensor_height=1.6)
+    with pytest.raises(WeightsError, match="non-finite outputs"):
+        good.update(weights=bad)
+    pts = synthetic_frame(good.grid)
+    assert pts.dtype == np.float32 and np.array_equal(pts, synthetic_frame(good.grid))
