@@ -295,14 +295,15 @@ def _as_bytes_buffer(data: Any) -> np.ndarray:
 
 
 def _header(msg: Any) -> tuple[int, str]:
-    if isinstance(msg, PointCloud2Data):
-        return msg.stamp_ns, msg.frame_id
     try:
+        if isinstance(msg, PointCloud2Data):
+            return msg.stamp_ns, str(msg.frame_id)
         header = msg.header
         stamp = header.stamp
         return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec), str(header.frame_id)
-    except AttributeError as exc:
-        raise PointCloudError(f"object of type {type(msg).__name__} is not PointCloud2-shaped: {exc}") from None
+    except (AttributeError, TypeError, ValueError, OverflowError) as exc:  # duck-typed input: any attribute value
+        raise PointCloudError(f"object of type {type(msg).__name__} has no valid PointCloud2 header: "
+                              f"{type(exc).__name__}: {exc}") from None
 
 
 def _geometry(msg: Any) -> tuple[int, int, int, int]:
@@ -310,8 +311,9 @@ def _geometry(msg: Any) -> tuple[int, int, int, int]:
         height, width = int(msg.height), int(msg.width)
         point_step, row_step = int(msg.point_step), int(msg.row_step)
         bigendian = bool(msg.is_bigendian)
-    except AttributeError as exc:
-        raise PointCloudError(f"object of type {type(msg).__name__} is not PointCloud2-shaped: {exc}") from None
+    except (AttributeError, TypeError, ValueError, OverflowError) as exc:  # duck-typed input: any attribute value
+        raise PointCloudError(f"object of type {type(msg).__name__} has no valid PointCloud2 geometry: "
+                              f"{type(exc).__name__}: {exc}") from None
     if bigendian:
         raise PointCloudError("big-endian PointCloud2 (is_bigendian=True) is not supported")
     if height < 0 or width < 0 or point_step < 0 or row_step < 0:
