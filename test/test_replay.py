@@ -124,3 +124,33 @@ def test_bad_input_gives_clear_errors(ros, tmp_path):
         BagReplayer(node, bag, topics=["/not/in/bag"])
     with pytest.raises(ConfigError, match="rate"):
         BagReplayer(node, bag, rate=-1.0)
+
+
+def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_path, capsys):
+    bag = tmp_path / "damaged"
+    with BagWriter(bag) as w:
+        for i in range(FRAMES):
+            w.write_cloud("/livox/lidar", encode_pointcloud2(frame_points(i), "livox", stamp_ns=T0 + i * PERIOD_NS))
+        conn = w._connection("/livox/lidar", "sensor_msgs/msg/PointCloud2")
+        w._writer.write(conn, T0 + FRAMES * PERIOD_NS, b"\x00\x01\x00\x00 truncated")  # undecodable CDR
+        good = serialize_message(PointCloud2())
+        short = encode_pointcloud2(frame_points(0), "livox", stamp_ns=T0)
+        short.data = short.data[:-7]  # decodes, but its data are shorter than row_step * height
+        from livox_infer.pointcloud import pointcloud2_to_cdr
+
+        w._writer.write(conn, T0 + (FRAMES + 1) * PERIOD_NS, pointcloud2_to_cdr(short))
+        w._writer.write(conn, T0 + (FRAMES + 2) * PERIOD_NS, bytes(good))  # an empty cloud is valid
+    node = ros.node(unique("replay"))
+    stats = BagReplayer(node, bag, rate=0, remap={"/livox/lidar": "/" + unique("out")}).run()
+    assert stats.corrupt == {"/livox/lidar": 2}
+    assert sum(stats.published.values()) == FRAMES + 1
+
+    import argparse
+
+    from livox_infer import replay
+
+    p = argparse.ArgumentParser()
+    replay.add_arguments(p)
+    ros.close()  # main() initialises rclpy's default context itself
+    assert replay.main(p.parse_args([str(bag), "--rate", "0"])) == 1
+    assert "2 corrupt messages skipped" in capsys.readouterr().err
