@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import logging
 import math
 import sys
 import threading
@@ -39,6 +40,7 @@ NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_to
                               "diagnostics_period", "latency_window"})
 
 WARN_THROTTLE_S = 5.0
+_console = logging.getLogger("livox_infer.node")  # stderr only (Python logging), never /rosout
 
 
 @dataclass(frozen=True)
@@ -350,7 +352,13 @@ class DetectorNode(Node):
                     with self._pipeline_lock:
                         self._pipeline.update(**opts)
         except (LivoxInferError, FileNotFoundError, ValueError, RuntimeError) as exc:
-            reason = f"cannot apply {sorted(changed)}: {exc}"
+            if changed & REBUILD_PARAMS:
+                # the caller of the parameter service (and /rosout) learns no more than this: why a file did not
+                # load would tell whether it exists or what a readable one holds; the details go to stderr only
+                _console.warning("cannot load %s: %s: %s", sorted(changed & REBUILD_PARAMS), type(exc).__name__, exc)
+                reason = f"cannot load {sorted(changed & REBUILD_PARAMS)} (details on the node's console)"
+            else:
+                reason = f"cannot apply {sorted(changed)}: {exc}"
             self.get_logger().warning(f"rejected parameter change: {reason}")
             return SetParametersResult(successful=False, reason=reason)
         self._values = candidate
@@ -436,18 +444,10 @@ class DetectorNode(Node):
                                       throttle_duration_sec=WARN_THROTTLE_S)
             dets = _EmptyDetections()
         else:
-            try:
-                with self._pipeline_lock:
-                    dets = self._pipeline.detect(msg)
-            except PointCloudError as exc:
-                self._reject(str(exc))
-                return
-            except LivoxInferError as exc:
-                with self.stats.lock:
-                    self.stats.failed += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                self.get_logger().error(f"detection failed: {exc}", throttle_duration_sec=WARN_THROTTLE_S)
-                return
+            dets = self._detect(msg)
+        succeeded = dets is not None
+        if not succeeded:  # rejected or failed (counted): every cloud the worker takes still gets an (empty) answer
+            dets = _EmptyDetections()
         detect_ms = (time.monotonic() - started) * 1e3
         self._count_over_budget(dets)
 
@@ -459,6 +459,8 @@ class DetectorNode(Node):
         if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
             self._marker_pub.publish(ros_msgs.detections_to_markers(dets, out.header))
         done = time.monotonic()
+        if not succeeded:
+            return
         with self.stats.lock:
             self.stats.processed += 1
             for stage, ms in (getattr(dets, "timings_ms", None) or {}).items():
@@ -466,6 +468,21 @@ class DetectorNode(Node):
             self.stats.add_latency("node_detect", detect_ms)
             self.stats.add_latency("queue_wait", (started - received_at) * 1e3)
             self.stats.add_latency("end_to_end", (done - received_at) * 1e3)
+
+    def _detect(self, msg):
+        """The pipeline's detections, or None after counting and warning about a rejected / failed cloud."""
+        try:
+            with self._pipeline_lock:
+                return self._pipeline.detect(msg)
+        except PointCloudError as exc:
+            self._reject(str(exc))
+        except Exception as exc:  # noqa: BLE001 - typed (LivoxInferError) or a bug: the frame fails, the node goes on
+            with self.stats.lock:
+                self.stats.failed += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            self.get_logger().error(f"detection failed: {type(exc).__name__}: {exc}",
+                                    throttle_duration_sec=WARN_THROTTLE_S)
+        return None
 
     def _count_over_budget(self, dets) -> None:
         thinned = int(getattr(dets, "points_over_budget", 0) or 0)
@@ -644,6 +661,9 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
     try:
         try:
             node = (node_factory or DetectorNode)()
+        except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C while loading / compiling
+            print("[livox_detector] interrupted during start-up", file=sys.stderr, flush=True)
+            return 130
         except (LivoxInferError, ParameterException, ImportError, OSError, ValueError, RuntimeError) as exc:
             kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,3 +403,72 @@ def test_aoti_package_is_start_up_only(ros):
     node, _, _, _, factory = start_node(ros)
     assert not set_param(node, "aoti_package", "/tmp/any.pt2").successful
     assert len(factory.built) == 1 and node._values["aoti_package"] == ""
+
+
+class FailingFactory(FakeFactory):
+    """Pipelines whose detect fails for chosen stamps: typed (WeightsError) or not (a bug)."""
+
+    def __call__(self, options):
+        from livox_infer.errors import WeightsError
+
+        p = super().__call__(options)
+        real = p.detect
+
+        def detect(msg):
+            stamp = ros_msgs.stamp_to_ns(msg.header.stamp)
+            if stamp == 5_000_000_000:
+                raise WeightsError("network gave up")
+            if stamp == 6_000_000_000:
+                raise IndexError("a bug")
+            return real(msg)
+
+        p.detect = detect
+        return p
+
+
+def test_failed_frames_publish_an_empty_array_with_their_header(ros):
+    node, pub, dets, _, _ = start_node(ros, factory=FailingFactory())
+    for i, stamp in enumerate((5_000_000_000, 6_000_000_000)):
+        assert publish_until(pub, cloud_msg(stamp_ns=stamp, frame_id="f"), dets, count=i + 1)
+        assert ros_msgs.stamp_to_ns(dets.msgs[-1].header.stamp) == stamp and dets.msgs[-1].detections == []
+    assert wait_for(lambda: node.stats.failed >= 2) and node.stats.processed == 0
+    assert "IndexError" in node.stats.last_error
+    assert publish_until(pub, cloud_msg(stamp_ns=7_000_000_000), dets, count=len(dets.msgs) + 1)
+    assert len(dets.msgs[-1].detections) == 1 and node.stats.processed == 1
+
+
+def test_rebuild_rejections_do_not_reveal_files(ros, tmp_path):
+    """Over the parameter service a missing file and a readable foreign one get the same answer."""
+    from livox_infer.errors import ConfigError, WeightsError
+
+    class Revealing(FakeFactory):
+        def __call__(self, options):
+            w = options.get("weights")
+            if w and not Path(w).exists():
+                raise WeightsError(f"weights file not found: {w}")
+            if w:
+                raise ConfigError(f"{w}: unknown keys ['secret_key']")
+            return super().__call__(options)
+
+    node, _, _, _, _ = start_node(ros, factory=Revealing())
+    existing = tmp_path / "passwords.yaml"
+    existing.write_text("secret_key: 1\n")
+    missing, readable = set_param(node, "weights", str(tmp_path / "nope.bin")), set_param(node, "weights", str(existing))
+    assert not missing.successful and not readable.successful
+    assert missing.reason == readable.reason and "cannot load" in missing.reason
+    assert "not found" not in readable.reason and "secret_key" not in readable.reason
+
+
+def test_ctrl_c_during_start_up_exits_without_a_traceback(capsys):
+    from livox_infer.node import spin_node
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    try:
+        rc = spin_node(["livox-infer-run"], interrupted)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C during start-up escaped spin_node")
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "interrupted during start-up" in err and "Traceback" not in err
