@@ -384,11 +384,11 @@ class DetectionPipeline:
     def self_test(self) -> None:
         """Run `synthetic_frame` through voxelizer, network and stage 2: WeightsError when any output is not
         finite (weights that pass every file check but still compute garbage are refused before use)."""
-        self._input.copy_(self.voxelizer(torch.from_numpy(synthetic_frame(self.grid)).to(self.device))[None])
+        points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
+        self._input.copy_(self.voxelizer(points)[None])
         scores, labels, boxes = self._runner(self._input)
         if self._refiner is not None:
-            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes,
-                                                      torch.from_numpy(synthetic_frame(self.grid)).to(self.device),
+            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes, points,
                                                       scores, labels, boxes, self.grid.intensity_scale)
         if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
             raise WeightsError(f"cannot load {self.weights_file}: the network gives non-finite outputs on a "
