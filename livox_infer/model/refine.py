@@ -36,9 +36,9 @@ POINT_FEATURES = 7  # u, v, w normalised to the enlarged box, u, v, w in metres,
 MOVE_LIMIT = 1.0  # residual moves are clamped to one box length / width / height per refinement step
 MAX_PREFILTER_CELLS = 1 << 22  # the coarse map of `_near_any_box` (1 m cells) never exceeds this
 # at most this many points near the candidates are gathered (those with the largest sampling key): the gather
-# costs rois x near points, so a pile of points on one spot must not make it unbounded; a 10 Hz Livox frame
-# (~24k points in all) never reaches it
-MAX_NEAR_POINTS = 1 << 15
+# costs rois x near points, so a pile of points on one spot must not make it unbounded; real scans stay
+# below it (10 Hz Livox frames: ~24k points in all; 64-beam KITTI scans of real_dev: up to ~34k near points)
+MAX_NEAR_POINTS = 1 << 16
 LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement step changes a size by <= e
 # a candidate is a positive for the box regression when it overlaps its object by this BEV IoU (per class
 # name; others 0.3): cars need an overlap that refining can finish, small objects overlap less at all
