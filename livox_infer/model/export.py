@@ -149,6 +149,25 @@ def _trusted_bytes(path: Path) -> bytes:
     return data
 
 
+def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: torch.device, flip: bool) -> None:
+    """A package of this project, for this architecture, device and test-time flip setting, or WeightsError."""
+    if meta.get("format") != PACKAGE_FORMAT:
+        raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
+    if meta.get("architecture_hash") != cfg.architecture_hash():
+        raise WeightsError(
+            f"{path} was exported for model config {meta.get('config_name')!r} with another architecture "
+            f"than {cfg.source or cfg.name}; export it again with this config"
+        )
+    if meta.get("device_type") != device.type:
+        raise WeightsError(f"{path} was built for {meta.get('device_type')}, the pipeline runs on {device.type}")
+    if meta.get("test_time_flip", "no") != ("yes" if flip else "no"):
+        raise WeightsError(f"{path} was exported with test_time_flip={meta.get('test_time_flip', 'no')}; "
+                           "export it again or change test_time_flip")
+    if meta.get("torch_version") != torch.__version__:
+        log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
+                    path, meta.get("torch_version"), torch.__version__)
+
+
 class AotiRunner:
     """A loaded package, callable like the InferenceModel: (1, C, H, W) -> (scores, labels, boxes)."""
 
@@ -163,21 +182,9 @@ class AotiRunner:
                 meta = dict(self._model.get_metadata())
             except Exception as exc:  # noqa: BLE001 - a foreign/corrupt zip, wrong platform, missing symbols
                 raise WeightsError(f"{path} is not a loadable AOTInductor package: {type(exc).__name__}: {exc}") from exc
-        if meta.get("format") != PACKAGE_FORMAT:
-            raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
-        if meta.get("architecture_hash") != cfg.architecture_hash():
-            raise WeightsError(
-                f"{path} was exported for model config {meta.get('config_name')!r} with another architecture "
-                f"than {cfg.source or cfg.name}; export it again with this config"
-            )
-        if meta.get("device_type") != device.type:
-            raise WeightsError(f"{path} was built for {meta.get('device_type')}, the pipeline runs on {device.type}")
-        if meta.get("test_time_flip", "no") != ("yes" if flip else "no"):
-            raise WeightsError(f"{path} was exported with test_time_flip={meta.get('test_time_flip', 'no')}; "
-                               "export it again or change test_time_flip")
-        if meta.get("torch_version") != torch.__version__:
-            log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
-                        path, meta.get("torch_version"), torch.__version__)
+            _check_metadata(meta, path, cfg, device, flip)
+            with torch.no_grad():  # one call while the extracted files exist: GPU kernel files load at first use
+                self._model(torch.zeros((1, *cfg.grid.shape), device=device).contiguous(memory_format=torch.channels_last))
         self.path = path
         self.metadata = meta
 
