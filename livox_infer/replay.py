@@ -161,8 +161,11 @@ class BagReplayer:
         reader = _open_reader(self.bag)
         try:
             conns = [c for c in reader.connections if c.topic in self._publishers]
-            for conn, t_ns, raw in reader.messages(connections=conns):
-                yield conn.topic, t_ns, raw
+            try:
+                for conn, t_ns, raw in reader.messages(connections=conns):
+                    yield conn.topic, t_ns, raw
+            except Exception as exc:  # noqa: BLE001 - a damaged bag (e.g. an mcap chunk checksum mismatch)
+                raise BagError(f"cannot read messages from bag {self.bag}: {type(exc).__name__}: {exc}") from None
         finally:
             reader.close()
 

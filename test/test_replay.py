@@ -154,3 +154,16 @@ def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_pa
     ros.close()  # main() initialises rclpy's default context itself
     assert replay.main(p.parse_args([str(bag), "--rate", "0"])) == 1
     assert "2 corrupt messages skipped" in capsys.readouterr().err
+
+
+def test_a_damaged_mcap_chunk_is_a_bag_error(ros, tmp_path):
+    bag = write_bag(tmp_path / "bag", storage="mcap")
+    (mcap,) = bag.glob("*.mcap")
+    raw = bytearray(mcap.read_bytes())
+    at = raw.find(frame_points(2)[10].tobytes())
+    assert at > 0
+    raw[at] ^= 0x01
+    mcap.write_bytes(bytes(raw))
+    replayer = BagReplayer(ros.node(unique("replay")), bag, rate=0, remap={"/livox/lidar": "/" + unique("out")})
+    with pytest.raises(BagError, match="checksum"):
+        replayer.run()
