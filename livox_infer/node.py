@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
-from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, check_pointcloud2
+from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, check_pointcloud2, pointcloud2_from_cdr
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
@@ -297,7 +297,10 @@ class DetectorNode(Node):
             self._sub = self.create_subscription(custom_msg_class(), self._values["input_topic"],
                                                  self._on_custom_msg, qos, raw=True)
         else:
-            self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
+            # raw=True: the CDR is deserialized here (rosbags, numpy view of the data), so an undecodable message
+            # is counted and warned about (throttled) instead of one unthrottled middleware line per message
+            self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud_cdr, qos,
+                                                 raw=True)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
@@ -380,6 +383,16 @@ class DetectorNode(Node):
             self._reject(str(exc))
             return
         self._offer(msg)
+
+    def _on_cloud_cdr(self, raw: bytes) -> None:
+        try:
+            msg = pointcloud2_from_cdr(raw)
+        except PointCloudError as exc:
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(f"undecodable PointCloud2: {exc}")
+            return
+        self._on_cloud(msg)
 
     def _on_custom_msg(self, raw: bytes) -> None:
         try:

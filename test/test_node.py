@@ -472,3 +472,17 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(capsys):
     assert rc == 130
     err = capsys.readouterr().err
     assert "interrupted during start-up" in err and "Traceback" not in err
+
+
+def test_undecodable_messages_are_counted_as_rejected(ros):
+    """Truncated CDR: counted and warned about (throttled) by the node, not one middleware line per message."""
+    from rclpy.serialization import serialize_message
+
+    node, pub, dets, _, _ = start_node(ros)
+    good = serialize_message(cloud_msg(stamp_ns=8_000_000_000))
+    for _ in range(3):
+        pub.publish(good[: len(good) // 2])
+    assert wait_for(lambda: node.stats.rejected >= 1)
+    assert "undecodable" in node.stats.last_error
+    assert publish_until(pub, good, dets)  # raw bytes of a valid cloud are detected as before
+    assert ros_msgs.stamp_to_ns(dets.msgs[-1].header.stamp) == 8_000_000_000
