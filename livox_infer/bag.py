@@ -5,7 +5,9 @@
   from the ``.msg`` files in ``livox_infer/interfaces/<package>/msg/``.
 * :func:`read_clouds` yields ``(topic, Cloud)`` for every PointCloud2 (any layout) and CustomMsg.
 * :func:`read_detections` yields :class:`DetectionFrame` ``(stamp_ns, boxes, labels, scores)``.
-* :class:`BagWriter` writes PointCloud2, CustomMsg and Detection3DArray messages.
+* :class:`BagWriter` writes PointCloud2, CustomMsg and Detection3DArray messages; its mcap chunks carry
+  the CRC32 the format provides (rosbags writes 0 = none), so a damaged chunk fails to read instead of
+  being read silently.
 * :func:`bag_info` lists topics, types and message counts.
 
 CustomMsg payloads are (de)serialized by hand with a numpy view of the point array: rosbags
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
@@ -429,6 +432,40 @@ def bag_info(path: str | Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- writing
 
 
+_MCAP_MAGIC = b"\x89MCAP0\r\n"
+_MCAP_CHUNK, _MCAP_FOOTER = 0x06, 0x02
+_RECORD_HEAD = struct.Struct("<BQ")  # opcode, content length
+_CHUNK_HEAD = struct.Struct("<QQQI")  # message start / end time, uncompressed size, uncompressed CRC32
+
+
+def add_mcap_chunk_crcs(path: Path) -> int:
+    """Fill in the CRC32 of every uncompressed mcap chunk whose CRC field is 0 (in place); returns how many.
+    Readers (rosbags, the mcap libraries) then check it, so flipped bytes are an error, not silent data."""
+    n = 0
+    with open(path, "r+b") as f:
+        if f.read(len(_MCAP_MAGIC)) != _MCAP_MAGIC:
+            raise PointCloudError(f"{path} is not an mcap file")
+        while head := f.read(_RECORD_HEAD.size):
+            if len(head) < _RECORD_HEAD.size:
+                break
+            opcode, length = _RECORD_HEAD.unpack(head)
+            start = f.tell()
+            if opcode == _MCAP_FOOTER:
+                break
+            if opcode == _MCAP_CHUNK:
+                content = f.read(length)
+                *_, size, crc = _CHUNK_HEAD.unpack_from(content)
+                (clen,) = struct.unpack_from("<I", content, _CHUNK_HEAD.size)
+                compression = content[_CHUNK_HEAD.size + 4 : _CHUNK_HEAD.size + 4 + clen]
+                records = content[_CHUNK_HEAD.size + 4 + clen + 8 :]
+                if crc == 0 and compression == b"" and len(records) == size:
+                    f.seek(start + _CHUNK_HEAD.size - 4)
+                    f.write(struct.pack("<I", zlib.crc32(records)))
+                    n += 1
+            f.seek(start + length)
+    return n
+
+
 class BagWriter:
     """Write a rosbag2 (``storage`` "sqlite3" or "mcap"); use as a context manager.
 
@@ -461,6 +498,8 @@ class BagWriter:
         if not self._closed:
             self._closed = True
             self._writer.close()
+            for mcap in self.path.glob("*.mcap"):
+                add_mcap_chunk_crcs(mcap)
 
     def _connection(self, topic: str, msgtype: str) -> Any:
         key = (topic, msgtype)

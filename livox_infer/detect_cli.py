@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -234,6 +235,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     writer = None
     out = None
+    done = False
     try:
         from livox_infer.rig import Rig
 
@@ -272,6 +274,7 @@ def main(args: argparse.Namespace) -> int:
         lat = np.asarray(latencies)
         print(f"{n} frames, latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms",
               file=sys.stderr)
+        done = True
         return 0
     except (LivoxInferError, ConfigError) as exc:
         print(f"livox-infer detect: {exc}", file=sys.stderr)
@@ -281,3 +284,5 @@ def main(args: argparse.Namespace) -> int:
             out.close()
         if writer is not None:
             writer.close()
+            if not done:  # an incomplete bag would only block the rerun (BagWriter never overwrites)
+                shutil.rmtree(writer.path, ignore_errors=True)

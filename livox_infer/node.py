@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import logging
 import math
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import Any, Callable
 
 from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
-from livox_infer.pointcloud import check_pointcloud2
+from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, check_pointcloud2, pointcloud2_from_cdr
 from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS, add_threads_argument, apply_threads
 from livox_infer.presets import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
 
@@ -35,14 +36,14 @@ NODE_NAME = "livox_detector"
 
 # Parameters whose change needs a new pipeline (new network / device / weights); the rest are
 # applied in place with DetectionPipeline.update().
-REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "aoti_package", "test_time_flip",
-                            "bev_extent"})
+REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "test_time_flip", "bev_extent"})
 # Parameters only the node itself uses (no pipeline involvement).
 NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
                               "diagnostics_period", "latency_window", "threads", "input_topics", "rig", "odometry_topic",
                               "accumulate_frames", "accumulate_ms"})
 
 WARN_THROTTLE_S = 5.0
+_console = logging.getLogger("livox_infer.node")  # stderr only (Python logging), never /rosout
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,10 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
               "Change rebuilds."),
     ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
+    # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
-              "compiled ahead of time with its weights, no compiler needed; empty = off. Change rebuilds."),
+              "compiled ahead of time with its weights, no compiler needed; empty = off. Only packages listed in "
+              "the export manifest are loaded (docs/detector.md, Trust model).", read_only=True),
     ParamSpec("test_time_flip", False, "Run the network on each frame and its mirror image and average them "
               "(~+11 ms compiled network time on 1 core; with the shipped refiner no AP gain, docs/detector.md). "
               "Change rebuilds."),
@@ -91,6 +94,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("roi_z_min", -3.0, "Region of interest z min (m, sensor frame).", float_range=(-50.0, 50.0)),
     ParamSpec("roi_z_max", 3.0, "Region of interest z max (m, sensor frame).", float_range=(-50.0, 50.0)),
     ParamSpec("max_range", 100.0, "Drop points farther than this from the sensor (m).", float_range=(0.5, 1000.0)),
+    ParamSpec("max_points", DEFAULT_MAX_POINTS, "Point budget per cloud (after the filters): a larger cloud is "
+              "thinned deterministically to this many points (counted as frames_over_budget, warned).",
+              int_range=MAX_POINTS_RANGE),
     ParamSpec("tag_filter", "high_confidence", f"Livox tag noise filter: one of {TAG_FILTER_MODES}.",
               choices=TAG_FILTER_MODES),
     ParamSpec("intensity_scale", 255.0, "Full-scale intensity of the input (255 for Livox reflectivity, 1.0 for "
@@ -214,6 +220,7 @@ class NodeStats:
     rejected: int = 0  # malformed / unsupported clouds (PointCloudError)
     empty: int = 0  # clouds with no points (published as empty detection arrays)
     failed: int = 0  # unexpected pipeline errors
+    over_budget: int = 0  # clouds thinned to max_points (processed, but not all points used)
     skipped_no_subscribers: int = 0
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
@@ -229,7 +236,7 @@ class NodeStats:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
-                                               "skipped_no_subscribers", "last_error")}
+                                               "over_budget", "skipped_no_subscribers", "last_error")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -322,7 +329,10 @@ class DetectorNode(Node):
                                                  self._on_custom_msg, qos, raw=True)
         else:
             self._input_class = PointCloud2
-            self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud, qos)
+            # raw=True: the CDR is deserialized here (rosbags, numpy view of the data), so an undecodable message
+            # is counted and warned about (throttled) instead of one unthrottled middleware line per message
+            self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud_cdr, qos,
+                                                 raw=True)
         self._graph_problem: str | None = None  # see _check_graph
         self._skipped_noted = 0
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -403,7 +413,13 @@ class DetectorNode(Node):
                     with self._pipeline_lock:
                         self._pipeline.update(**opts)
         except (LivoxInferError, FileNotFoundError, ValueError, RuntimeError) as exc:
-            reason = f"cannot apply {sorted(changed)}: {exc}"
+            if changed & REBUILD_PARAMS:
+                # the caller of the parameter service (and /rosout) learns no more than this: why a file did not
+                # load would tell whether it exists or what a readable one holds; the details go to stderr only
+                _console.warning("cannot load %s: %s: %s", sorted(changed & REBUILD_PARAMS), type(exc).__name__, exc)
+                reason = f"cannot load {sorted(changed & REBUILD_PARAMS)} (details on the node's console)"
+            else:
+                reason = f"cannot apply {sorted(changed)}: {exc}"
             self.get_logger().warning(f"rejected parameter change: {reason}")
             return SetParametersResult(successful=False, reason=reason)
         self._values = candidate
@@ -425,6 +441,16 @@ class DetectorNode(Node):
             self._reject(str(exc))
             return
         self._offer(msg)
+
+    def _on_cloud_cdr(self, raw: bytes) -> None:
+        try:
+            msg = pointcloud2_from_cdr(raw)
+        except PointCloudError as exc:
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(f"undecodable PointCloud2: {exc}")
+            return
+        self._on_cloud(msg)
 
     def _on_custom_msg(self, raw: bytes) -> None:
         try:
@@ -489,19 +515,12 @@ class DetectorNode(Node):
                                       throttle_duration_sec=WARN_THROTTLE_S)
             dets = _EmptyDetections()
         else:
-            try:
-                with self._pipeline_lock:
-                    dets = self._pipeline.detect(msg)
-            except PointCloudError as exc:
-                self._reject(str(exc))
-                return
-            except LivoxInferError as exc:
-                with self.stats.lock:
-                    self.stats.failed += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                self.get_logger().error(f"detection failed: {exc}", throttle_duration_sec=WARN_THROTTLE_S)
-                return
+            dets = self._detect(msg)
+        succeeded = dets is not None
+        if not succeeded:  # rejected or failed (counted): every cloud the worker takes still gets an (empty) answer
+            dets = _EmptyDetections()
         detect_ms = (time.monotonic() - started) * 1e3
+        self._count_over_budget(dets)
 
         if header is None:  # a Cloud from a CustomMsg
             out = ros_msgs.detections_to_msg(dets, stamp_ns=msg.stamp_ns, frame_id=frame_override or msg.frame_id)
@@ -511,6 +530,8 @@ class DetectorNode(Node):
         if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
             self._marker_pub.publish(ros_msgs.detections_to_markers(dets, out.header))
         done = time.monotonic()
+        if not succeeded:
+            return
         with self.stats.lock:
             self.stats.processed += 1
             for stage, ms in (getattr(dets, "timings_ms", None) or {}).items():
@@ -518,6 +539,30 @@ class DetectorNode(Node):
             self.stats.add_latency("node_detect", detect_ms)
             self.stats.add_latency("queue_wait", (started - received_at) * 1e3)
             self.stats.add_latency("end_to_end", (done - received_at) * 1e3)
+
+    def _detect(self, msg):
+        """The pipeline's detections, or None after counting and warning about a rejected / failed cloud."""
+        try:
+            with self._pipeline_lock:
+                return self._pipeline.detect(msg)
+        except PointCloudError as exc:
+            self._reject(str(exc))
+        except Exception as exc:  # noqa: BLE001 - typed (LivoxInferError) or a bug: the frame fails, the node goes on
+            with self.stats.lock:
+                self.stats.failed += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            self.get_logger().error(f"detection failed: {type(exc).__name__}: {exc}",
+                                    throttle_duration_sec=WARN_THROTTLE_S)
+        return None
+
+    def _count_over_budget(self, dets) -> None:
+        thinned = int(getattr(dets, "points_over_budget", 0) or 0)
+        if thinned:
+            with self.stats.lock:
+                self.stats.over_budget += 1
+            self.get_logger().warning(
+                f"cloud over the point budget: {thinned} points dropped to keep max_points="
+                f"{self._values['max_points']}", throttle_duration_sec=WARN_THROTTLE_S)
 
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
@@ -563,7 +608,8 @@ class DetectorNode(Node):
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
-        for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "skipped_no_subscribers"):
+        for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "over_budget",
+                  "skipped_no_subscribers"):
             values[f"frames_{k}"] = snap[k]
         for stage, samples in sorted(snap["latency_ms"].items()):
             mean, p50, p99 = ros_msgs.percentile_summary(samples)
@@ -798,6 +844,9 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
     try:
         try:
             node = (node_factory or DetectorNode)()
+        except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C while loading / compiling
+            print("[livox_detector] interrupted during start-up", file=sys.stderr, flush=True)
+            return 130
         except (LivoxInferError, ParameterException, ImportError, OSError, ValueError, RuntimeError) as exc:
             kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)

@@ -33,7 +33,15 @@ from livox_infer.model.config import ModelConfig
 from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.model.postprocess import build_inference_model, select_detections
 from livox_infer.model.refine import refine_candidates
-from livox_infer.pointcloud import Cloud, DecodeFilter, decode_pointcloud2, filter_points
+from livox_infer.pointcloud import (
+    DEFAULT_MAX_POINTS,
+    Cloud,
+    DecodeFilter,
+    check_max_points,
+    decode_pointcloud2,
+    filter_points,
+    limit_points,
+)
 from livox_infer.startup import StartupLog
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
@@ -63,6 +71,7 @@ class Detections:
     sensor_height: float = float("nan")  # the value used for this frame (estimated in "auto" mode)
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
+    points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
 
     def __len__(self) -> int:
         return int(self.boxes.shape[0])
@@ -79,6 +88,19 @@ def estimate_sensor_height(points: np.ndarray) -> float | None:
     """Height of the ground plane below the sensor (m) from one cloud, or None (see `estimate_mount`)."""
     m = estimate_mount(points)
     return None if m is None else m.height
+
+
+def synthetic_frame(grid: Any) -> np.ndarray:
+    """A fixed levelled frame (ground at z = 0, a car-sized block of points on it) inside ``grid``'s region:
+    the known input a new pipeline is checked with before it is used (`DetectionPipeline.self_test`)."""
+    (x0, x1), (y0, y1) = grid.x_range, grid.y_range
+    gx, gy = np.meshgrid(np.linspace(x0 + 1, x1 - 1, 64), np.linspace(y0 + 1, y1 - 1, 64))
+    ground = np.c_[gx.ravel(), gy.ravel(), np.zeros(gx.size)]
+    cx, cy = x0 + 0.3 * (x1 - x0), 0.5 * (y0 + y1)
+    bx, by, bz = np.meshgrid(np.linspace(-2, 2, 16), np.linspace(-0.9, 0.9, 8), np.linspace(0.2, 1.5, 6))
+    car = np.c_[bx.ravel() + cx, by.ravel() + cy, bz.ravel()]
+    pts = np.r_[ground, car]
+    return np.c_[pts, np.full(len(pts), 0.3 * grid.intensity_scale)].astype(np.float32)
 
 
 def _as_cloud(x: Any, filters: DecodeFilter) -> Cloud:
@@ -132,6 +154,9 @@ class DetectionPipeline:
     roi: (x_min, y_min, z_min, x_max, y_max, z_max) crop in the cloud's frame, or None.
     tag_filter: Livox tag filter "off" | "high_confidence" | "strict" (clouds without tags unaffected).
     max_range / min_range: euclidean range window (m) or None.
+    max_points: point budget (`livox_infer.pointcloud.DEFAULT_MAX_POINTS`, range ``MAX_POINTS_RANGE``): a
+        filtered cloud with more points is thinned deterministically to this many (evenly spaced in
+        message order) before any later stage; ``Detections.points_over_budget`` says how many were dropped.
     nms_iou, max_detections: override the config's NMS parameters.
     aoti_package: an AOTInductor package from `livox-infer export` (network + decoding compiled ahead of
         time, weights inside): used instead of torch.compile / the weights file, so the machine needs
@@ -159,6 +184,7 @@ class DetectionPipeline:
         min_range: float | None = None,
         nms_iou: Any = None,
         max_detections: int | None = None,
+        max_points: int = DEFAULT_MAX_POINTS,
         cuda_graphs: bool = True,
         aoti_package: str | Path | None = None,
         test_time_flip: bool = False,
@@ -174,8 +200,9 @@ class DetectionPipeline:
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
-            max_detections=max_detections, refine=refine,
+            max_detections=max_detections, refine=refine, max_points=max_points,
         )
+        self.self_test()
 
     # -- construction --------------------------------------------------------------------------
     def _build_network(self) -> None:
@@ -268,7 +295,7 @@ class DetectionPipeline:
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
-            "min_range", "nms_iou", "max_detections", "refine",
+            "min_range", "nms_iou", "max_detections", "refine", "max_points",
         }
         unknown = sorted(set(params) - all_keys)
         if unknown:
@@ -316,6 +343,8 @@ class DetectionPipeline:
         if rebuild_net or getattr(self, "grid", None) != grid:
             self.grid = grid
             self.voxelizer = Voxelizer(grid, self.device)
+        if rebuild_net:  # a new network is checked before it is used
+            self.self_test()
 
         new["score_thresholds"] = self._per_class(new.get("score_thresholds"), self.cfg.score_thresholds, "score_thresholds")
         new["nms_iou"] = self._per_class(new.get("nms_iou"), self.cfg.nms_iou, "nms_iou")
@@ -328,6 +357,8 @@ class DetectionPipeline:
         if not isinstance(refine, bool):
             raise ConfigError(f"refine must be true or false, got {refine!r}")
         new["refine"] = refine
+        mp = new.get("max_points")
+        new["max_points"] = check_max_points(DEFAULT_MAX_POINTS if mp is None else mp)
         self.filters = DecodeFilter.from_roi(
             new.get("roi"), tag_filter=new.get("tag_filter") or "off",
             max_range=new.get("max_range"), min_range=new.get("min_range"),
@@ -362,6 +393,20 @@ class DetectionPipeline:
         return {**self._net_params, **self._params}
 
     # -- running -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def self_test(self) -> None:
+        """Run `synthetic_frame` through voxelizer, network and stage 2: WeightsError when any output is not
+        finite (weights that pass every file check but still compute garbage are refused before use)."""
+        points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
+        self._input.copy_(self.voxelizer(points)[None])
+        scores, labels, boxes = self._runner(self._input)
+        if self._refiner is not None:
+            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes, points,
+                                                      scores, labels, boxes, self.grid.intensity_scale)
+        if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
+            raise WeightsError(f"cannot load {self.weights_file}: the network gives non-finite outputs on a "
+                               "known synthetic frame")
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -393,7 +438,7 @@ class DetectionPipeline:
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
         t0 = time.perf_counter()
-        cloud = _as_cloud(x, self.filters)
+        cloud, over_budget = limit_points(_as_cloud(x, self.filters), self._params["max_points"])
         t1 = time.perf_counter()
         mount = self.current_mount(cloud.points)
         t_ground = time.perf_counter()
@@ -436,6 +481,7 @@ class DetectionPipeline:
             label_names=[self.cfg.classes[i] for i in labels_np], timings_ms=timings,
             class_names=tuple(self.cfg.classes), stamp_ns=cloud.stamp_ns, frame_id=cloud.frame_id,
             sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, num_points=int(cloud.points.shape[0]),
+            points_over_budget=over_budget,
         )
 
     __call__ = detect

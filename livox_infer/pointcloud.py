@@ -178,6 +178,37 @@ class DecodeFilter:
         )
 
 
+# Point budget (pipeline parameter ``max_points``, node parameter of the same name): a cloud with more
+# points than this after the filters is thinned to exactly this many, so no stage (ground estimate,
+# voxelizer, refiner) ever works on more. 200k is ~8 Livox frames at 10 Hz (Avia: ~24k points per frame):
+# room for accumulated or multi-sensor clouds, small enough to bound a frame's time and memory
+# (docs/detector.md, "Point budget").
+DEFAULT_MAX_POINTS = 200_000
+MAX_POINTS_RANGE = (1_000, 5_000_000)
+
+
+def check_max_points(value: Any) -> int:
+    """``value`` as a point budget, or ConfigError."""
+    lo, hi = MAX_POINTS_RANGE
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
+        raise ConfigError(f"max_points must be an integer in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+def limit_points(cloud: "Cloud", max_points: int) -> tuple["Cloud", int]:
+    """``cloud`` thinned to at most ``max_points`` points, and how many were dropped.
+
+    Deterministic: the kept points are evenly spaced in message order (a Livox cloud is in firing order,
+    so this is an even thinning in time and over the scan pattern); the same cloud always gives the same
+    subset. A cloud within the budget is returned as it is."""
+    n = len(cloud)
+    if n <= max_points:
+        return cloud, 0
+    keep = (np.arange(max_points, dtype=np.int64) * n) // max_points  # strictly increasing, first point kept
+    take = lambda a: None if a is None else a.take(keep, axis=0)  # noqa: E731
+    return Cloud(take(cloud.points), take(cloud.time), take(cloud.tag), cloud.stamp_ns, cloud.frame_id), n - max_points
+
+
 # --------------------------------------------------------------------------- decoding
 
 
@@ -264,14 +295,15 @@ def _as_bytes_buffer(data: Any) -> np.ndarray:
 
 
 def _header(msg: Any) -> tuple[int, str]:
-    if isinstance(msg, PointCloud2Data):
-        return msg.stamp_ns, msg.frame_id
     try:
+        if isinstance(msg, PointCloud2Data):
+            return msg.stamp_ns, str(msg.frame_id)
         header = msg.header
         stamp = header.stamp
         return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec), str(header.frame_id)
-    except AttributeError as exc:
-        raise PointCloudError(f"object of type {type(msg).__name__} is not PointCloud2-shaped: {exc}") from None
+    except (AttributeError, TypeError, ValueError, OverflowError) as exc:  # duck-typed input: any attribute value
+        raise PointCloudError(f"object of type {type(msg).__name__} has no valid PointCloud2 header: "
+                              f"{type(exc).__name__}: {exc}") from None
 
 
 def _geometry(msg: Any) -> tuple[int, int, int, int]:
@@ -279,8 +311,9 @@ def _geometry(msg: Any) -> tuple[int, int, int, int]:
         height, width = int(msg.height), int(msg.width)
         point_step, row_step = int(msg.point_step), int(msg.row_step)
         bigendian = bool(msg.is_bigendian)
-    except AttributeError as exc:
-        raise PointCloudError(f"object of type {type(msg).__name__} is not PointCloud2-shaped: {exc}") from None
+    except (AttributeError, TypeError, ValueError, OverflowError) as exc:  # duck-typed input: any attribute value
+        raise PointCloudError(f"object of type {type(msg).__name__} has no valid PointCloud2 geometry: "
+                              f"{type(exc).__name__}: {exc}") from None
     if bigendian:
         raise PointCloudError("big-endian PointCloud2 (is_bigendian=True) is not supported")
     if height < 0 or width < 0 or point_step < 0 or row_step < 0:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from livox_infer.errors import ConfigError
+from livox_infer.pointcloud import DEFAULT_MAX_POINTS
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 
@@ -53,6 +54,7 @@ def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
             },
             "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
             "max_range": float(values["max_range"]),
+            "max_points": int(values.get("max_points", DEFAULT_MAX_POINTS)),
             "tag_filter": values["tag_filter"],
             "intensity_scale": float(values["intensity_scale"]),
             "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),

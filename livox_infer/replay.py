@@ -43,9 +43,31 @@ class BagError(LivoxInferError, ValueError):
 class ReplayStats:
     published: dict[str, int] = field(default_factory=dict)  # output topic -> messages
     skipped_topics: dict[str, str] = field(default_factory=dict)  # bag topic -> why it is not replayed
+    corrupt: dict[str, int] = field(default_factory=dict)  # bag topic -> messages not published (undecodable)
     loops: int = 0
     wall_s: float = 0.0
     max_lag_ms: float = 0.0  # worst delay behind the scaled recorded schedule
+
+
+def message_check(msgtype: str) -> Callable[[bytes], None]:
+    """A function that raises for a serialized message of ``msgtype`` that no subscriber could use: CDR that
+    does not deserialize, a PointCloud2 whose data length is not row_step * height, a truncated CustomMsg.
+    (Which fields a cloud has is the subscriber's business.) Corrupt messages are counted and not published."""
+    from livox_infer.bag import decode_custom_msg_cdr, typestore
+    from livox_infer.pointcloud import pointcloud2_from_cdr
+
+    def check_cloud(raw: bytes) -> None:
+        msg = pointcloud2_from_cdr(raw)
+        if len(msg.data) != int(msg.row_step) * int(msg.height):
+            raise ValueError(f"PointCloud2 data has {len(msg.data)} bytes, row_step * height = "
+                             f"{int(msg.row_step) * int(msg.height)}")
+
+    if msgtype == POINTCLOUD2:
+        return check_cloud
+    if msgtype in CUSTOM_MSG_TYPES:
+        return decode_custom_msg_cdr
+    store = typestore()
+    return lambda raw: store.deserialize_cdr(raw, msgtype)
 
 
 def parse_remaps(items: Iterable[str]) -> dict[str, str]:
@@ -113,6 +135,7 @@ class BagReplayer:
         wanted = set(topics) if topics is not None else None
         self._publishers: dict[str, Any] = {}
         self._out_topic: dict[str, str] = {}
+        self._check: dict[str, Callable[[bytes], None]] = {}
         for topic, msgtype in bag_topics(self.bag).items():
             if wanted is not None and topic not in wanted:
                 continue
@@ -126,6 +149,7 @@ class BagReplayer:
             out = self.remap.get(topic, topic)
             self._out_topic[topic] = out
             self._publishers[topic] = node.create_publisher(cls, out, qos_depth)
+            self._check[topic] = message_check(msgtype)
             self.stats.published[out] = 0
         if not self._publishers:
             raise BagError(f"nothing to replay in {self.bag} (skipped: {self.stats.skipped_topics or 'no topics'})")
@@ -138,8 +162,11 @@ class BagReplayer:
         reader = _open_reader(self.bag)
         try:
             conns = [c for c in reader.connections if c.topic in self._publishers]
-            for conn, t_ns, raw in reader.messages(connections=conns):
-                yield conn.topic, t_ns, raw
+            try:
+                for conn, t_ns, raw in reader.messages(connections=conns):
+                    yield conn.topic, t_ns, raw
+            except Exception as exc:  # noqa: BLE001 - a damaged bag (e.g. an mcap chunk checksum mismatch)
+                raise BagError(f"cannot read messages from bag {self.bag}: {type(exc).__name__}: {exc}") from None
         finally:
             reader.close()
 
@@ -175,6 +202,8 @@ class BagReplayer:
                             break
                     else:
                         self.stats.max_lag_ms = max(self.stats.max_lag_ms, -delay * 1e3)
+                if not self._intact(topic, raw):
+                    continue
                 self._publishers[topic].publish(raw)
                 out = self._out_topic[topic]
                 self.stats.published[out] += 1
@@ -187,6 +216,15 @@ class BagReplayer:
             self.stats.loops += 1
         self.stats.wall_s = time.monotonic() - started
         return self.stats
+
+
+    def _intact(self, topic: str, raw: bytes) -> bool:
+        try:
+            self._check[topic](raw)
+            return True
+        except Exception:  # noqa: BLE001 - rosbags raises assorted errors on damaged CDR
+            self.stats.corrupt[topic] = self.stats.corrupt.get(topic, 0) + 1
+            return False
 
 
 def init_rclpy() -> None:
@@ -371,10 +409,12 @@ def main(args: argparse.Namespace) -> int:
             for topic, n in stats.published.items():
                 print(f"  {topic}: {n} messages")
             print(f"  {stats.wall_s:.1f} s, {stats.loops} loops, worst lag {stats.max_lag_ms:.1f} ms")
+            for topic, n in stats.corrupt.items():
+                print(f"livox-infer replay: {topic}: {n} corrupt messages skipped", file=sys.stderr)
         finally:
             node.destroy_node()
             rclpy.try_shutdown()
-        return 0
+        return 1 if stats.corrupt else 0
     except LivoxInferError as exc:
         print(f"livox-infer replay: {exc}", file=sys.stderr)
         return 2

@@ -86,10 +86,10 @@ def box_edge_points(box: np.ndarray) -> np.ndarray:
 def _header(header_or_none, stamp_ns: int | None, frame_id: str | None):
     from std_msgs.msg import Header
 
-    if header_or_none is not None:
+    if header_or_none is not None:  # an rclpy or a rosbags header: copied field by field
         h = Header()
-        h.stamp = header_or_none.stamp
-        h.frame_id = header_or_none.frame_id if frame_id is None else frame_id
+        h.stamp.sec, h.stamp.nanosec = int(header_or_none.stamp.sec), int(header_or_none.stamp.nanosec)
+        h.frame_id = str(header_or_none.frame_id) if frame_id is None else frame_id
         return h
     h = Header()
     ns = int(stamp_ns or 0)

@@ -341,3 +341,23 @@ def test_bag_without_clouds_yields_nothing_and_writer_takes_ros_messages(tmp_pat
     (topic, cloud), = read_clouds(tmp_path / "ros")
     np.testing.assert_array_equal(cloud.points, pts)
     assert cloud.stamp_ns == STAMP_NS
+
+
+def test_mcap_chunks_carry_crcs_so_flipped_bytes_are_an_error(tmp_path):
+    from livox_infer.bag import add_mcap_chunk_crcs
+
+    bag = tmp_path / "drive"
+    pts = np.c_[np.random.default_rng(0).uniform(1, 30, (500, 3)), np.full(500, 7.0)].astype(np.float32)
+    with BagWriter(bag, storage="mcap") as w:
+        for i in range(3):
+            w.write_cloud("/livox/lidar", encode_pointcloud2(pts, "xyzi", stamp_ns=(i + 1) * 10**8))
+    (mcap,) = bag.glob("*.mcap")
+    assert add_mcap_chunk_crcs(mcap) == 0  # already filled in by BagWriter
+    assert len(list(read_clouds(bag))) == 3  # rosbags accepts our CRCs
+    raw = bytearray(mcap.read_bytes())
+    at = raw.find(pts[250].tobytes())  # inside the point data of the first message
+    assert at > 0
+    raw[at + 1] ^= 0x10
+    mcap.write_bytes(bytes(raw))
+    with pytest.raises(PointCloudError, match="checksum"):
+        list(read_clouds(bag))

@@ -62,3 +62,54 @@ def test_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys):
     assert main(["bench", "voxelize", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("livox-infer bench voxelize: ") and "no GPU" in err[0]
+
+
+def _bad_weights(small_model, tmp_path, kind):  # noqa: F811
+    from safetensors.torch import save_file
+
+    from livox_infer.model import ModelConfig, build_model
+    from livox_infer.model.weights import read_metadata
+
+    cfg = ModelConfig.load(small_model)
+    good = small_model.parent / "tiny.safetensors"
+    state = {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
+    if kind == "int64":
+        state = {k: v.to(torch.int64) for k, v in state.items()}
+    else:
+        state = {k: v * 1e30 if v.is_floating_point() else v for k, v in state.items()}
+    meta = {k: v for k, v in read_metadata(good).items() if k != "content_sha256"}
+    out = tmp_path / f"{kind}.safetensors"
+    save_file(state, str(out), metadata=meta)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["int64", "scaled"])
+def test_detect_on_bad_weights_is_one_line(small_model, tmp_path, capsys, kind):  # noqa: F811
+    write_bin(tmp_path / "a.bin", scene_points(seed=1))
+    bag = tmp_path / "out_bag"
+    argv = [str(tmp_path / "a.bin"), "--out", str(tmp_path / "o.jsonl"), "--model", str(small_model), "--no-compile",
+            "--weights", str(_bad_weights(small_model, tmp_path, kind)), "--out-bag", str(bag)]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("livox-infer detect: ") and "Traceback" not in err[0]
+    assert not bag.exists()
+
+
+def test_detect_on_a_non_utf8_model_yaml_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "latin1.yaml"
+    cfg.write_bytes("name: caf\xe9\nclasses: [car]\n".encode("latin-1"))
+    write_bin(tmp_path / "a.bin", scene_points(seed=1))
+    assert run([str(tmp_path / "a.bin"), "--out", str(tmp_path / "o.jsonl"), "--model", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"livox-infer detect: cannot load model config {str(cfg)!r}: neither a name in models/ nor a "
+                   "readable UTF-8 YAML file"]
+
+
+def test_a_failed_detect_leaves_no_bag_that_blocks_the_rerun(small_model, tmp_path, capsys):  # noqa: F811
+    bag = tmp_path / "out_bag"
+    write_bin(tmp_path / "a.bin", scene_points(seed=1))
+    common = ["--out", str(tmp_path / "o.jsonl"), "--model", str(small_model), "--no-compile", "--out-bag", str(bag)]
+    assert run([str(tmp_path / "missing.bin")] + common) == 2  # fails after the bag was opened
+    assert not bag.exists()
+    assert run([str(tmp_path / "a.bin")] + common) == 0
+    assert bag.is_dir()

@@ -2,7 +2,9 @@
 
 One package of a tiny config is compiled for the module (~20-40 s of C++ compilation on CPU)."""
 
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from livox_infer.cli import main as cli_main
 from livox_infer.errors import WeightsError
 from livox_infer.model import ModelConfig, build_model, save_weights
 from conftest import tiny_model_dict
-from livox_infer.model.export import AotiRunner
+from livox_infer.model.export import MANIFEST_ENV, AotiRunner, read_manifest, record_in_manifest
 from livox_infer.model.postprocess import build_inference_model
 from livox_infer.pipeline import DetectionPipeline
 
@@ -32,6 +34,12 @@ def _tiny_config(channels=4):
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
+    with pytest.MonkeyPatch.context() as mp:  # the trusted-package manifest of this module, not the user's
+        mp.setenv(MANIFEST_ENV, str(root / "aoti_manifest.json"))
+        yield _export(root)
+
+
+def _export(root):
     cfg_path = root / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump(_tiny_config()))
     cfg = ModelConfig.load(cfg_path)
@@ -89,10 +97,11 @@ def test_pipeline_with_package_gives_the_eager_detections(package):
 
 def test_package_errors(package, tmp_path):
     cfg_path, _, pkg = package
-    with pytest.raises(WeightsError, match="not found"):
+    with pytest.raises(WeightsError, match="cannot load"):
         AotiRunner(tmp_path / "missing.pt2", ModelConfig.load(cfg_path), torch.device("cpu"))
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"PK\x03\x04 not really a zip")
+    record_in_manifest(junk, {})  # trusted, but still not a package
     with pytest.raises(WeightsError, match="not a loadable"):
         AotiRunner(junk, ModelConfig.load(cfg_path), torch.device("cpu"))
     other = tmp_path / "other.yaml"
@@ -109,3 +118,47 @@ def test_export_cli_errors(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert cli_main(["export", "--config", "lite", "--device", "tpu"]) == 2
     assert "--device" in capsys.readouterr().err
+
+
+def test_only_packages_in_the_manifest_are_loaded(package, tmp_path, monkeypatch):
+    """A package whose sha256 the project's export did not record is refused before torch loads any of it."""
+    cfg_path, _, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    assert read_manifest()  # the fixture's export recorded its package
+    loads = []
+    real_load = torch._inductor.aoti_load_package
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda p, *a, **k: loads.append(p) or real_load(p, *a, **k))
+    foreign = tmp_path / "foreign.pt2"
+    foreign.write_bytes(pkg.read_bytes() + b"\0")  # same package, one byte more: another sha256
+    for path in (foreign, tmp_path / "missing.pt2"):
+        with pytest.raises(WeightsError, match="cannot load") as err:
+            AotiRunner(path, cfg, torch.device("cpu"))
+        assert "not found" not in str(err.value)  # the same words whether the file exists or not
+    with pytest.raises(WeightsError, match="cannot load"):
+        DetectionPipeline(cfg_path, aoti_package=foreign, sensor_height=1.5, device="cpu")
+    assert loads == []
+    monkeypatch.setenv(MANIFEST_ENV, str(tmp_path / "empty_manifest.json"))  # no manifest: nothing is trusted
+    with pytest.raises(WeightsError, match="cannot load"):
+        AotiRunner(pkg, cfg, torch.device("cpu"))
+    assert loads == []
+
+
+def test_loading_leaves_no_extracted_copies(package, tmp_path, monkeypatch):
+    import tempfile
+
+    cfg_path, _, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    ours = lambda: sorted(Path(tempfile.gettempdir()).glob("livox_infer_aoti_*"))  # noqa: E731
+    before = ours()
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"PK\x03\x04 not really a zip")
+    record_in_manifest(junk, {})
+    with pytest.raises(WeightsError):
+        AotiRunner(junk, cfg, torch.device("cpu"))
+    assert list(tmp_path.glob("aotinductor_*")) == [] and ours() == before
+    assert os.environ["TMPDIR"] == str(tmp_path)  # restored
+    x = torch.rand(1, *cfg.grid.shape).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        assert len(runner(x)) == 3  # still runs with its extracted files gone

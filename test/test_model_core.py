@@ -234,6 +234,65 @@ def test_weights_rejects_tensors_of_another_dtype(tmp_path, dtype):
         load_weights(net, cfg, bad)
 
 
+def _resave(tmp_path, net, cfg, change, keep_hash=True):
+    """The saved weights of ``net`` with ``change(state)`` applied, under the original metadata (content hash
+    kept, or recomputed for the changed tensors when keep_hash is False: a forger who knows the scheme)."""
+    from safetensors.torch import save_file
+
+    from livox_infer.model.weights import CONTENT_HASH_KEY, content_sha256, read_metadata
+
+    good = tmp_path / "good.safetensors"
+    save_weights(net, cfg, good)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    change(state)
+    meta = read_metadata(good)
+    if not keep_hash:
+        meta[CONTENT_HASH_KEY] = content_sha256(state)
+    bad = tmp_path / "bad.safetensors"
+    save_file(state, str(bad), metadata=meta)
+    return bad
+
+
+def test_weights_reject_absurd_values_even_with_a_matching_hash(tmp_path):
+    cfg = small_config()
+    net = build_model(cfg)
+
+    def scaled(state):
+        state["heatmap.weight"] *= 1e30
+
+    with pytest.raises(WeightsError, match="beyond"):
+        load_weights(net, cfg, _resave(tmp_path, net, cfg, scaled, keep_hash=False))
+    var = next(k for k in net.state_dict() if k.endswith("running_var"))
+
+    def negative_variance(state):
+        state[var][0] = -1.0
+
+    with pytest.raises(WeightsError, match="variance"):
+        load_weights(net, cfg, _resave(tmp_path, net, cfg, negative_variance, keep_hash=False))
+
+
+def test_weights_content_hash_catches_altered_data(tmp_path):
+    from livox_infer.model.weights import CONTENT_HASH_KEY, read_metadata
+
+    cfg = small_config()
+    net = build_model(cfg)
+
+    def nudged(state):
+        state["heatmap.weight"][0, 0, 0, 0] += 0.01  # plausible, finite: only the hash can tell
+
+    with pytest.raises(WeightsError, match="content hash"):
+        load_weights(net, cfg, _resave(tmp_path, net, cfg, nudged))
+    good = tmp_path / "good.safetensors"
+    assert len(read_metadata(good)[CONTENT_HASH_KEY]) == 64
+    raw = bytearray(good.read_bytes())
+    raw[-9] ^= 0x01  # one bit of the data region
+    flipped = tmp_path / "flipped.safetensors"
+    flipped.write_bytes(bytes(raw))
+    with pytest.raises(WeightsError):
+        load_weights(build_model(cfg), cfg, flipped)
+    load_weights(build_model(cfg), cfg, good)  # the untouched file still loads
+
+
 # --------------------------------------------------------------------------- AP
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -506,3 +507,106 @@ def test_echo_prints_one_line_per_detection():
     head, line = text.splitlines()
     assert head == "1.500 s  livox_frame  1 detections"
     assert line.split()[:2] == ["pedestrian", "0.80"] and "xyz   10.00   -2.00  -1.00" in line and "yaw +0.50" in line
+
+
+def test_clouds_over_the_point_budget_are_counted_and_reported(ros):
+    node, pub, dets, _, factory = start_node(ros, max_points=1000)
+    assert factory.built[0].options["max_points"] == 1000
+    assert publish_until(pub, cloud_msg(n=300), dets)
+    assert node.stats.over_budget == 0
+    assert publish_until(pub, cloud_msg(n=1500), dets, count=len(dets.msgs) + 1)
+    assert wait_for(lambda: node.stats.over_budget >= 1)
+    assert int(ros_msgs.diagnostic_values(node.diagnostics_status())["frames_over_budget"]) >= 1
+    assert not set_param(node, "max_points", 10).successful  # below MAX_POINTS_RANGE
+    assert set_param(node, "max_points", 5000).successful
+    assert factory.built[0].updates[-1] == {"max_points": 5000}
+
+
+def test_aoti_package_is_start_up_only(ros):
+    """A package is native code: the parameter service must not make the node load one."""
+    node, _, _, _, factory = start_node(ros)
+    assert not set_param(node, "aoti_package", "/tmp/any.pt2").successful
+    assert len(factory.built) == 1 and node._values["aoti_package"] == ""
+
+
+class FailingFactory(FakeFactory):
+    """Pipelines whose detect fails for chosen stamps: typed (WeightsError) or not (a bug)."""
+
+    def __call__(self, options):
+        from livox_infer.errors import WeightsError
+
+        p = super().__call__(options)
+        real = p.detect
+
+        def detect(msg):
+            stamp = ros_msgs.stamp_to_ns(msg.header.stamp)
+            if stamp == 5_000_000_000:
+                raise WeightsError("network gave up")
+            if stamp == 6_000_000_000:
+                raise IndexError("a bug")
+            return real(msg)
+
+        p.detect = detect
+        return p
+
+
+def test_failed_frames_publish_an_empty_array_with_their_header(ros):
+    node, pub, dets, _, _ = start_node(ros, factory=FailingFactory())
+    for i, stamp in enumerate((5_000_000_000, 6_000_000_000)):
+        assert publish_until(pub, cloud_msg(stamp_ns=stamp, frame_id="f"), dets, count=i + 1)
+        assert ros_msgs.stamp_to_ns(dets.msgs[-1].header.stamp) == stamp and dets.msgs[-1].detections == []
+    assert wait_for(lambda: node.stats.failed >= 2) and node.stats.processed == 0
+    assert "IndexError" in node.stats.last_error
+    assert publish_until(pub, cloud_msg(stamp_ns=7_000_000_000), dets, count=len(dets.msgs) + 1)
+    assert len(dets.msgs[-1].detections) == 1 and node.stats.processed == 1
+
+
+def test_rebuild_rejections_do_not_reveal_files(ros, tmp_path):
+    """Over the parameter service a missing file and a readable foreign one get the same answer."""
+    from livox_infer.errors import ConfigError, WeightsError
+
+    class Revealing(FakeFactory):
+        def __call__(self, options):
+            w = options.get("weights")
+            if w and not Path(w).exists():
+                raise WeightsError(f"weights file not found: {w}")
+            if w:
+                raise ConfigError(f"{w}: unknown keys ['secret_key']")
+            return super().__call__(options)
+
+    node, _, _, _, _ = start_node(ros, factory=Revealing())
+    existing = tmp_path / "passwords.yaml"
+    existing.write_text("secret_key: 1\n")
+    missing, readable = set_param(node, "weights", str(tmp_path / "nope.bin")), set_param(node, "weights", str(existing))
+    assert not missing.successful and not readable.successful
+    assert missing.reason == readable.reason and "cannot load" in missing.reason
+    assert "not found" not in readable.reason and "secret_key" not in readable.reason
+
+
+def test_ctrl_c_during_start_up_exits_without_a_traceback(capsys):
+    from livox_infer.node import spin_node
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    try:
+        rc = spin_node(["livox-infer-run"], interrupted)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C during start-up escaped spin_node")
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "interrupted during start-up" in err and "Traceback" not in err
+
+
+def test_undecodable_messages_are_counted_as_rejected(ros):
+    """Truncated CDR: counted and warned about (throttled) by the node, not one middleware line per message."""
+    from rclpy.serialization import serialize_message
+
+    node, pub, dets, _, _ = start_node(ros)
+    good = serialize_message(cloud_msg(stamp_ns=8_000_000_000))
+    for _ in range(3):
+        pub.publish(good[: len(good) // 2])
+    assert wait_for(lambda: node.stats.rejected >= 1)
+    assert "undecodable" in node.stats.last_error
+    assert publish_until(pub, good, dets)  # raw bytes of a valid cloud are detected as before
+    assert ros_msgs.stamp_to_ns(dets.msgs[-1].header.stamp) == 8_000_000_000

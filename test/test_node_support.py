@@ -30,6 +30,7 @@ class FakeDetections:
     label_names: list  # one class name per box, as DetectionPipeline's Detections
     timings_ms: dict = field(default_factory=dict)
     class_names: tuple = CLASS_NAMES
+    points_over_budget: int = 0
 
 
 class FakePipeline:
@@ -59,7 +60,8 @@ class FakePipeline:
         c = cloud.points[:, :3].mean(axis=0)
         box = np.array([[c[0], c[1], c[2], 4.0, 1.8, 1.5, 0.5]], dtype=np.float32)
         return FakeDetections(box, np.array([0]), np.array([0.9], np.float32), ["car"],
-                              timings_ms={"decode": (t1 - t0) * 1e3, "network": self.delay_s * 1e3})
+                              timings_ms={"decode": (t1 - t0) * 1e3, "network": self.delay_s * 1e3},
+                              points_over_budget=max(0, len(cloud) - self.options.get("max_points", len(cloud))))
 
     def update(self, **options) -> None:
         self.updates.append(options)

@@ -227,3 +227,43 @@ def test_one_point_with_a_huge_intensity_leaves_the_frame_intact(value):
     if value > 0:
         pts[:, 3] = value  # every point
         assert np.isfinite(pipe.detect(pts).boxes).all()
+
+
+def test_point_budget_thins_deterministically_and_reports_it(small_model):
+    from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+
+    pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, score_thresholds=0.0, max_points=2000)
+    pts = scene_points()  # 6800 points
+    a, b = pipe.detect(pts), pipe.detect(pts)
+    assert a.num_points == 2000 and a.points_over_budget == len(pts) - 2000
+    assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)  # same subset every run
+    pipe.update(max_points=len(pts))
+    full = pipe.detect(pts)
+    assert full.num_points == len(pts) and full.points_over_budget == 0
+    assert pipe.params["max_points"] == len(pts)
+    for bad in (0, MAX_POINTS_RANGE[1] + 1, 2.5, True, "many"):
+        with pytest.raises(ConfigError, match="max_points"):
+            pipe.update(max_points=bad)
+    assert pipe.params["max_points"] == len(pts)  # a rejected value changes nothing
+    assert DetectionPipeline(small_model, compile=False).params["max_points"] == DEFAULT_MAX_POINTS
+
+
+def test_a_pipeline_whose_network_computes_garbage_is_refused(small_model, tmp_path):
+    """Weights that pass every file check (plausible magnitudes, matching hash) but overflow the network."""
+    from livox_infer.pipeline import synthetic_frame
+
+    cfg = ModelConfig.load(small_model)
+    net = build_model(cfg)
+    with torch.no_grad():
+        for name, t in net.state_dict().items():
+            if t.is_floating_point() and not name.endswith(("running_var", "running_mean")):
+                t.fill_(9e4)  # within MAX_ABS_VALUE; layer after layer the activations overflow
+    bad = tmp_path / "overflow.safetensors"
+    save_weights(net, cfg, bad)
+    with pytest.raises(WeightsError, match="non-finite outputs"):
+        DetectionPipeline(small_model, weights=bad, compile=False)
+    good = DetectionPipeline(small_model, compile=False, sensor_height=1.6)
+    with pytest.raises(WeightsError, match="non-finite outputs"):
+        good.update(weights=bad)
+    pts = synthetic_frame(good.grid)
+    assert pts.dtype == np.float32 and np.array_equal(pts, synthetic_frame(good.grid))

@@ -432,3 +432,21 @@ def test_non_contiguous_buffer_rejected():
     doubled = np.frombuffer(data.data * 2, np.uint8)[::2]  # a strided view: not a plain byte buffer
     with pytest.raises(PointCloudError):
         decode_pointcloud2(_with(data, data=memoryview(doubled)))
+
+
+def test_limit_points_keeps_an_even_deterministic_subset():
+    from livox_infer.pointcloud import limit_points
+
+    n = 10_007
+    pts = np.c_[np.arange(n), np.zeros((n, 3))].astype(np.float32)
+    cloud = Cloud(pts, np.arange(n, dtype=np.float64), np.arange(n, dtype=np.uint8), 5, "f")
+    small, dropped = limit_points(cloud, 1000)
+    assert len(small) == 1000 and dropped == n - 1000
+    idx = small.points[:, 0].astype(np.int64)
+    assert idx[0] == 0 and np.all(np.diff(idx) >= n // 1000)  # evenly spread over the whole message
+    assert np.array_equal(small.time, idx) and np.array_equal(small.tag, (idx % 256).astype(np.uint8))
+    assert (small.stamp_ns, small.frame_id) == (5, "f")
+    again, _ = limit_points(cloud, 1000)
+    assert np.array_equal(again.points, small.points)
+    same, dropped = limit_points(cloud, n)
+    assert same is cloud and dropped == 0

@@ -384,3 +384,23 @@ def test_prefilter_map_is_capped_for_boxes_far_apart():
     pts = torch.tensor([[0.5, 0.0, 0.0, 1.0], [50.0, 50.0, 0.0, 1.0]])
     idx = _near_any_box(pts, boxes, 0.5)  # would otherwise allocate a 3e6 x 3e6 map
     assert set(idx.tolist()) >= {0}
+
+
+def test_gathering_is_capped_for_a_pile_of_points_on_one_box(monkeypatch):
+    """Every point in one box: stage 2 gathers at most MAX_NEAR_POINTS of them (its cost is rois x gathered
+    points), the ones with the largest sampling key, so the features are what an uncapped run picks."""
+    from livox_infer.model import refine as refine_mod
+
+    monkeypatch.setattr(refine_mod, "MAX_NEAR_POINTS", 256)
+    r = np.random.default_rng(1)
+    n = 5000
+    pile = torch.from_numpy(np.c_[r.uniform(9.5, 10.5, n), r.uniform(-0.4, 0.4, n), r.uniform(0.3, 1.2, n),
+                                  np.full(n, 50.0)].astype(np.float32))
+    box = torch.tensor([[10.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0]])
+    seen = []
+    real_box_frame = refine_mod._box_frame
+    monkeypatch.setattr(refine_mod, "_box_frame", lambda p, b: seen.append(p.shape[0]) or real_box_frame(p, b))
+    feats, valid = roi_point_features(pile, box, 16, 0.5, 255.0)
+    assert seen == [256]
+    ref_f, ref_v = _reference_features(pile, box, 16, 0.5, 255.0)  # uncapped: the same 16 points
+    assert torch.equal(valid, ref_v) and torch.allclose(feats, ref_f, atol=1e-4)

@@ -159,3 +159,46 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
     assert "Traceback" not in out and "RCLError" not in out, out
     assert "deprecated" not in out, out
     assert f"{topic}:" in out and "loops" in out, out  # the summary
+
+
+def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_path, capsys):
+    bag = tmp_path / "damaged"
+    with BagWriter(bag) as w:
+        for i in range(FRAMES):
+            w.write_cloud("/livox/lidar", encode_pointcloud2(frame_points(i), "livox", stamp_ns=T0 + i * PERIOD_NS))
+        conn = w._connection("/livox/lidar", "sensor_msgs/msg/PointCloud2")
+        w._writer.write(conn, T0 + FRAMES * PERIOD_NS, b"\x00\x01\x00\x00 truncated")  # undecodable CDR
+        good = serialize_message(PointCloud2())
+        short = encode_pointcloud2(frame_points(0), "livox", stamp_ns=T0)
+        short.data = short.data[:-7]  # decodes, but its data are shorter than row_step * height
+        from livox_infer.pointcloud import pointcloud2_to_cdr
+
+        w._writer.write(conn, T0 + (FRAMES + 1) * PERIOD_NS, pointcloud2_to_cdr(short))
+        w._writer.write(conn, T0 + (FRAMES + 2) * PERIOD_NS, bytes(good))  # an empty cloud is valid
+    node = ros.node(unique("replay"))
+    stats = BagReplayer(node, bag, rate=0, remap={"/livox/lidar": "/" + unique("out")}).run()
+    assert stats.corrupt == {"/livox/lidar": 2}
+    assert sum(stats.published.values()) == FRAMES + 1
+
+    import argparse
+
+    from livox_infer import replay
+
+    p = argparse.ArgumentParser()
+    replay.add_arguments(p)
+    ros.close()  # main() initialises rclpy's default context itself
+    assert replay.main(p.parse_args([str(bag), "--rate", "0"])) == 1
+    assert "2 corrupt messages skipped" in capsys.readouterr().err
+
+
+def test_a_damaged_mcap_chunk_is_a_bag_error(ros, tmp_path):
+    bag = write_bag(tmp_path / "bag", storage="mcap")
+    (mcap,) = bag.glob("*.mcap")
+    raw = bytearray(mcap.read_bytes())
+    at = raw.find(frame_points(2)[10].tobytes())
+    assert at > 0
+    raw[at] ^= 0x01
+    mcap.write_bytes(bytes(raw))
+    replayer = BagReplayer(ros.node(unique("replay")), bag, rate=0, remap={"/livox/lidar": "/" + unique("out")})
+    with pytest.raises(BagError, match="checksum"):
+        replayer.run()

@@ -262,14 +262,15 @@ class ModelConfig:
         from livox_infer.resources import find
 
         name = str(name_or_path)
+        # one message whether the file is missing, unreadable or not YAML: a caller of the node's parameter
+        # service learns nothing about the files on the robot
+        refused = ConfigError(f"cannot load model config {name!r}: neither a name in models/ nor a readable "
+                              "UTF-8 YAML file")
         try:
             path = find("models", name if name.endswith((".yaml", ".yml")) else name + ".yaml")
-        except FileNotFoundError as exc:
-            raise ConfigError(f"model config {name!r} not found: {exc}") from exc
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"model config {path} is not valid YAML: {exc}") from exc
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            raise refused from None
         return cls.from_dict(data, source=str(path))
 
     def weights_path(self) -> Path:

@@ -35,6 +35,10 @@ from livox_infer.model.boxes import axis_angle, bev_iou
 POINT_FEATURES = 7  # u, v, w normalised to the enlarged box, u, v, w in metres, intensity / full scale
 MOVE_LIMIT = 1.0  # residual moves are clamped to one box length / width / height per refinement step
 MAX_PREFILTER_CELLS = 1 << 22  # the coarse map of `_near_any_box` (1 m cells) never exceeds this
+# at most this many points near the candidates are gathered (those with the largest sampling key): the gather
+# costs rois x near points, so a pile of points on one spot must not make it unbounded; real scans stay
+# below it (10 Hz Livox frames: ~24k points in all; 64-beam KITTI scans of real_dev: up to ~34k near points)
+MAX_NEAR_POINTS = 1 << 16
 LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement step changes a size by <= e
 # a candidate is a positive for the box regression when it overlaps its object by this BEV IoU (per class
 # name; others 0.3): cars need an overlap that refining can finish, small objects overlap less at all
@@ -109,6 +113,20 @@ def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell
     return hit.nonzero()[:, 0]
 
 
+def _sampling_key(index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic pseudo-random key in [0, 1) of each point index (golden-ratio hash)."""
+    return torch.frac(index.to(torch.float64) * _GOLDEN).to(dtype)
+
+
+def _cap_near(near: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """At most MAX_NEAR_POINTS of the indices ``near``: those with the largest sampling key, i.e. the points
+    each box would prefer anyway (an even, deterministic thinning of every box's points)."""
+    if near.shape[0] <= MAX_NEAR_POINTS:
+        return near
+    top = _sampling_key(near, dtype).topk(MAX_NEAR_POINTS).indices
+    return near[top.sort().values]
+
+
 def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
                        intensity_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
@@ -120,6 +138,7 @@ def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int
     if r == 0 or points.shape[0] == 0:
         return feats, valid
     near = _near_any_box(points, boxes, margin)  # indices into points: exactly the same result, far less work
+    near = _cap_near(near, points.dtype)
     points = points[near]
     n = points.shape[0]
     if n == 0:
@@ -128,7 +147,7 @@ def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int
     half = boxes[:, 3:6] / 2 + margin  # (R, 3)
     inside = (u.abs() <= half[:, 0:1]) & (v.abs() <= half[:, 1:2]) & (w.abs() <= half[:, 2:3])
     # the sampling key belongs to the point's index in the whole cloud, so pre-selecting changes nothing
-    key = torch.frac(near.to(torch.float64) * _GOLDEN).to(points.dtype)
+    key = _sampling_key(near, points.dtype)
     k = min(n_samples, n)
     top, idx = torch.where(inside, key[None, :], torch.full_like(u, -1.0)).topk(k, dim=1)
     ok = top >= 0

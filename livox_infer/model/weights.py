@@ -1,12 +1,16 @@
 """Weights I/O: safetensors only (no pickle, loading runs no code), tied to the model config.
 
-The metadata holds the architecture dict of the config (JSON) and its hash; `load_weights` refuses a
-file whose architecture differs from the config, whose tensors are missing/extra/mis-shaped, or that
-is not a readable safetensors file, always with a `WeightsError` saying which and why.
+The metadata holds the architecture dict of the config (JSON), its hash and a content hash (sha256 over
+every tensor's name, dtype, shape and bytes); `load_weights` refuses a file whose architecture differs
+from the config, whose tensors are missing/extra/mis-shaped/of another dtype, non-finite or implausibly
+large (|value| > MAX_ABS_VALUE, a BatchNorm running variance <= 0), whose content hash (where recorded)
+does not match its tensors, or that is not a readable safetensors file, always with a `WeightsError`
+saying which and why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,6 +21,21 @@ from livox_infer.errors import WeightsError
 from livox_infer.model.config import ModelConfig
 
 FORMAT = "livox_infer.bev_detector.v1"
+CONTENT_HASH_KEY = "content_sha256"
+# no trained value comes near this (shipped lite: largest 758, a BatchNorm running variance); a file scaled
+# by 1e30 or with random bytes in its data does
+MAX_ABS_VALUE = 1e5
+
+
+def content_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: what the file holds,
+    independent of the safetensors layout and metadata."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        v = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{v.dtype}|{tuple(v.shape)}|".encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def save_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, extra: dict[str, str] | None = None) -> None:
@@ -28,6 +47,7 @@ def save_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, extra: di
         "config_name": cfg.name,
         "architecture": json.dumps(cfg.architecture(), sort_keys=True),
         "architecture_hash": cfg.architecture_hash(),
+        CONTENT_HASH_KEY: content_sha256(state),
     }
     for k, v in (extra or {}).items():
         meta[str(k)] = str(v)
@@ -70,10 +90,21 @@ def _read_state(path: Path, map_location: str) -> dict[str, torch.Tensor]:
         raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
 
 
-def _check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
+def _check_values(state: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """Finite, plausible values, and the recorded content hash (files saved before it existed have none)."""
     for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
+        if not v.is_floating_point():
+            continue
+        if not torch.isfinite(v).all():
             raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
+        if v.numel() and float(v.abs().max()) > MAX_ABS_VALUE:
+            raise WeightsError(f"{path}: tensor {k} holds values beyond +-{MAX_ABS_VALUE:g} (no trained weight does)")
+        if k.endswith("running_var") and v.numel() and float(v.min()) <= 0:
+            raise WeightsError(f"{path}: BatchNorm variance {k} is not positive")
+    recorded = meta.get(CONTENT_HASH_KEY)
+    if recorded is not None and recorded != content_sha256(state):
+        raise WeightsError(f"{path}: tensor data do not match the content hash recorded when it was saved "
+                           "(the file was altered or damaged)")
 
 
 def extent_free(arch: dict) -> dict:
@@ -85,7 +116,7 @@ def extent_free(arch: dict) -> dict:
     return out
 
 
-def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str) -> None:
+def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str, meta: dict[str, str]) -> None:
     """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
     state = _read_state(path, map_location)
     expected = model.state_dict()
@@ -100,7 +131,7 @@ def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location:
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}, "
             f"wrong dtype {[f'{k}: {state[k].dtype}' for k in wrong_dtype[:5]]}"
         )
-    _check_finite(state, path)
+    _check_values(state, path, meta)
     model.load_state_dict(state)
 
 
@@ -124,7 +155,7 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
                 f"{path} was trained for a different model config than {cfg.source or cfg.name} "
                 f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
             )
-    _load_matching(model, cfg, path, map_location)
+    _load_matching(model, cfg, path, map_location, meta)
     return meta
 
 
@@ -157,7 +188,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     path = Path(path)
     meta = _detector_metadata(path)
     if meta.get("architecture_hash") == cfg.architecture_hash():
-        _load_matching(model, cfg, path, map_location)
+        _load_matching(model, cfg, path, map_location, meta)
         return []
     try:
         theirs = json.loads(meta.get("architecture", "{}"))
@@ -177,7 +208,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     if missing or unexpected:
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{missing[:5]}, unexpected {unexpected[:5]}")
-    _check_finite(state, path)
+    _check_values(state, path, meta)
     added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
     state.update({k: own[k] for k in added})
     grown = list(added)
