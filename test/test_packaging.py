@@ -129,6 +129,8 @@ def test_every_installed_distribution_is_pinned():
             continue  # metadata shipped inside the ROS wheels / the interface builds, not installable by name
         if "/_vendor/" in str(getattr(dist, "_path", "")).replace("\\", "/"):
             continue  # setuptools' own vendored copies, on sys.path once torch's C++ builder imports setuptools
+        if "/ray/thirdparty_files/" in str(getattr(dist, "_path", "")).replace("\\", "/"):
+            continue  # ray's bundled copies (colorama, ...), on sys.path once a test has imported ray
         name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
         if name not in pinned | {"pip", "setuptools", "wheel", "livox-infer"}:
             unpinned.append(f"{name}=={dist.version}")
