@@ -322,5 +322,6 @@ class ModelConfig:
                            "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes,
                            **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {})}}
                if self.refine else {}),
+            **({} if self.use_intensity else {"use_intensity": False}),
             "weights": self.weights,
         }
