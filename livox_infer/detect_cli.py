@@ -74,7 +74,10 @@ def add_rig_arguments(p: argparse.ArgumentParser) -> None:
 
 def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
     """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
-    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    try:
+        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    except ValueError:
+        raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
     opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
                 sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
                 intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
@@ -190,16 +193,14 @@ def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[
     plt.close(fig)
 
 
-def build_pipeline(args: argparse.Namespace):
-    """The DetectionPipeline the detect options describe (also built by the archive workers, livox_infer/fleet.py)."""
+def build_pipeline(args: argparse.Namespace, rig=None):
+    """The DetectionPipeline the detect options describe (also built by the archive workers, livox_infer/fleet.py);
+    ``rig``: the already loaded --rig file (loaded here when not given)."""
     from livox_infer.pipeline import DetectionPipeline
     from livox_infer.rig import Rig
 
-    try:
-        args.sensor_height == "auto" or float(args.sensor_height)
-    except ValueError:
-        raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
-    rig = Rig.load(args.rig) if getattr(args, "rig", None) else None
+    if rig is None and getattr(args, "rig", None):
+        rig = Rig.load(args.rig)
     return DetectionPipeline(**pipeline_kwargs(args, rig))
 
 
@@ -240,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
         from livox_infer.rig import Rig
 
         rig = Rig.load(args.rig) if args.rig else None
-        pipe = build_pipeline(args)
+        pipe = build_pipeline(args, rig)
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
         startup = getattr(pipe, "startup", None)  # test doubles of the pipeline have none

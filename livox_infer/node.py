@@ -344,10 +344,8 @@ class DetectorNode(Node):
         self._worker.start()
         topics = [x.topic for x in self._assembler.rig.sensors] if self._assembler else [self._values["input_topic"]]
         self.get_logger().info(
-            f"detecting on {self._values['input_topic']} ({self._values['sensor']}, model "
-            f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
             f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
-            f"{self._values['model']}, device {self._describe_backend()})"
+            f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
         )
         self.get_logger().info(f"start-up: {self._describe_startup()}")
 
