@@ -16,12 +16,12 @@ test: setup
 	$(PY) -m pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
 
 demo: setup
-	$(PY) -m livox_infer.demo
+	$(PY) -m livox_infer.tools.demo
 
 bench: setup
-	$(PY) -m livox_infer.cli bench decode
-	$(PY) -m livox_infer.cli bench voxelize
-	$(PY) -m livox_infer.cli bench pipeline
+	$(PY) -m livox_infer.tools.cli bench decode
+	$(PY) -m livox_infer.tools.cli bench voxelize
+	$(PY) -m livox_infer.tools.cli bench pipeline
 
 # Rebuild only the interface packages (vision_msgs, livox_ros_driver2).
 interfaces:

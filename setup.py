@@ -48,8 +48,8 @@ setup(
     license="Apache-2.0",
     entry_points={
         "console_scripts": [
-            "livox-infer = livox_infer.cli:main",
-            "detector_node = livox_infer.node:main",
+            "livox-infer = livox_infer.tools.cli:main",
+            "detector_node = livox_infer.ros.node:main",
         ],
     },
 )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from livox_infer.errors import ConfigError
-from livox_infer.pointcloud import Cloud
+from livox_infer.decode.pointcloud import Cloud
 
 MAX_FRAMES = 50
 MAX_WINDOW_MS = 5000.0

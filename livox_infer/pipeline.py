@@ -7,7 +7,7 @@
 `sensor_height` is how far the ground lies below the sensor origin (m). The network was trained on
 clouds levelled and shifted so the ground is at z ~ 0; boxes come back in the input frame.
 ``sensor_height="auto"`` estimates the ground plane (height and tilt) from each cloud
-(`livox_infer.model.ground.estimate_mount`) and takes the median over the last frames;
+(`livox_infer.ground.estimate_mount`) and takes the median over the last frames;
 ``sensor_tilt`` is estimated the same way by default ("auto"); (pitch_deg, roll_deg) gives a known
 mounting tilt instead, None a level sensor.
 """
@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 from livox_infer.errors import ConfigError, PointCloudError, WeightsError
-from livox_infer.model.boxes import axis_angle
-from livox_infer.model.config import ModelConfig
-from livox_infer.model.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
-from livox_infer.model.postprocess import build_inference_model, select_detections
-from livox_infer.model.refine import refine_candidates
-from livox_infer.pointcloud import (
+from livox_infer.detector.boxes import axis_angle
+from livox_infer.detector.config import ModelConfig
+from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
+from livox_infer.detector.postprocess import build_inference_model, select_detections
+from livox_infer.detector.refine import refine_candidates
+from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
     Cloud,
     DecodeFilter,
@@ -82,12 +82,6 @@ class Detections:
             {"label": name, "score": round(float(s), 4), **{k: round(float(v), 4) for k, v in zip(keys, box)}}
             for name, s, box in zip(self.label_names, self.scores, self.boxes)
         ]
-
-
-def estimate_sensor_height(points: np.ndarray) -> float | None:
-    """Height of the ground plane below the sensor (m) from one cloud, or None (see `estimate_mount`)."""
-    m = estimate_mount(points)
-    return None if m is None else m.height
 
 
 def synthetic_frame(grid: Any) -> np.ndarray:
@@ -154,7 +148,7 @@ class DetectionPipeline:
     roi: (x_min, y_min, z_min, x_max, y_max, z_max) crop in the cloud's frame, or None.
     tag_filter: Livox tag filter "off" | "high_confidence" | "strict" (clouds without tags unaffected).
     max_range / min_range: euclidean range window (m) or None.
-    max_points: point budget (`livox_infer.pointcloud.DEFAULT_MAX_POINTS`, range ``MAX_POINTS_RANGE``): a
+    max_points: point budget (`livox_infer.decode.pointcloud.DEFAULT_MAX_POINTS`, range ``MAX_POINTS_RANGE``): a
         filtered cloud with more points is thinned deterministically to this many (evenly spaced in
         message order) before any later stage; ``Detections.points_over_budget`` says how many were dropped.
     nms_iou, max_detections: override the config's NMS parameters.
@@ -164,7 +158,7 @@ class DetectionPipeline:
         it was exported from.
     test_time_flip: run the network on the frame and its mirror image (y -> -y) and average the
         head maps: a little more accurate, ~2x network time (docs/detector.md).
-    refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.model.refine`) when
+    refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
         the model has one; False skips it (faster, less accurate). Changes at run time.
     """
 
@@ -239,7 +233,7 @@ class DetectionPipeline:
         log.info("pipeline ready: %s", self.startup.summary())
 
     def _load_package(self, path: Path) -> None:
-        from livox_infer.model.export import AotiRunner, file_sha256
+        from livox_infer.detector.aoti import AotiRunner, file_sha256
 
         runner = AotiRunner(path, self.cfg, self.device, self._net_params["test_time_flip"])
         weights = self._net_params["weights"]
@@ -249,8 +243,8 @@ class DetectionPipeline:
         self.weights_file = path
         self._refiner = None
         if self.cfg.refine:  # stage 2 runs eagerly from the weights file the package was exported from
-            from livox_infer.model.network import build_model
-            from livox_infer.model.weights import load_weights
+            from livox_infer.detector.network import build_model
+            from livox_infer.detector.weights import load_weights
 
             source = Path(weights) if weights else self.cfg.weights_path()
             if file_sha256(source) != runner.metadata.get("weights_sha256"):

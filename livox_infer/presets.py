@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from livox_infer.errors import ConfigError
-from livox_infer.pointcloud import DEFAULT_MAX_POINTS
+from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 

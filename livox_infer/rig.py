@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from livox_infer.errors import ConfigError
-from livox_infer.pointcloud import Cloud
+from livox_infer.decode.pointcloud import Cloud
 from livox_infer.presets import SENSOR_PRESETS as SENSOR_MODELS
 
 EXTRINSIC_KEYS = ("x", "y", "z", "roll", "pitch", "yaw")
@@ -341,7 +341,7 @@ def read_rig_directory(rig: Rig, root: str | Path):
     """(source, sensor name, Cloud) for a directory with one sub-folder per sensor (root/<name>/*.pcd|.bin), in
     frame order: the i-th file (sorted by name) of every sensor folder forms frame i (stamp i x 100 ms)."""
     from livox_infer.errors import PointCloudError
-    from livox_infer.pointfiles import read_cloud_file
+    from livox_infer.decode.pointfiles import read_cloud_file
 
     root = Path(root)
     files = {}

@@ -9,22 +9,24 @@ import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
 
 from livox_infer import CLASS_NAMES
-from livox_infer.bag import (
+from livox_infer.decode.custom_msg import (
     CUSTOM_MSG_TYPES,
+    custom_msg_to_cloud,
+    decode_custom_msg_cdr,
+    encode_custom_msg_cdr,
+)
+from livox_infer.bags import (
     DEFAULT_GT_TOPIC,
     BagWriter,
     bag_info,
-    custom_msg_to_cloud,
-    decode_custom_msg_cdr,
     detection3d_array_cdr,
-    encode_custom_msg_cdr,
     interface_files,
     read_clouds,
     read_detections,
     typestore,
 )
 from livox_infer.errors import PointCloudError
-from livox_infer.pointcloud import DecodeFilter, encode_pointcloud2
+from livox_infer.decode.pointcloud import DecodeFilter, encode_pointcloud2
 
 STAMP_NS = 1_700_000_000_000_000_000
 # RIHS01 hash of vision_msgs/msg/Detection3DArray in vision_msgs 4.x (what a ROS 2 Jazzy/Kilted graph expects)
@@ -310,7 +312,7 @@ def test_type_hashes_match_rosidl_generated_descriptions(msgtype):
 def test_rclpy_reads_our_detection_cdr_and_we_read_rclpy_messages():
     serialization = pytest.importorskip("rclpy.serialization")
     vision = pytest.importorskip("vision_msgs.msg")
-    from livox_infer.bag import detections_from_message
+    from livox_infer.bags import detections_from_message
 
     boxes = [[1, 2, 3, 4, 5, 6, 0.5], [-1, 0, 1, 0.5, 0.5, 1.8, -3.0]]
     raw = detection3d_array_cdr(STAMP_NS, "livox_frame", boxes, [1, 2], [0.7, 0.6])
@@ -332,7 +334,7 @@ def test_bag_without_clouds_yields_nothing_and_writer_takes_ros_messages(tmp_pat
     assert list(read_detections(only_gt, topic=None))[0].stamp_ns == 5
 
     msg_mod = pytest.importorskip("sensor_msgs.msg")
-    from livox_infer.pointcloud import to_ros_message
+    from livox_infer.decode.pointcloud import to_ros_message
 
     pts = points(20)
     msg = to_ros_message(encode_pointcloud2(pts, "livox", stamp_ns=STAMP_NS), msg_mod.PointCloud2)
@@ -344,7 +346,7 @@ def test_bag_without_clouds_yields_nothing_and_writer_takes_ros_messages(tmp_pat
 
 
 def test_mcap_chunks_carry_crcs_so_flipped_bytes_are_an_error(tmp_path):
-    from livox_infer.bag import add_mcap_chunk_crcs
+    from livox_infer.bags import add_mcap_chunk_crcs
 
     bag = tmp_path / "drive"
     pts = np.c_[np.random.default_rng(0).uniform(1, 30, (500, 3)), np.full(500, 7.0)].astype(np.float32)

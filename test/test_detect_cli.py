@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from livox_infer import detect_cli
-from livox_infer.pointfiles import write_bin, write_pcd
+from livox_infer.tools import detect as detect_cli, detect_io
+from livox_infer.decode.pointfiles import write_bin, write_pcd
 
 from test_pipeline import scene_points, small_model  # noqa: F401 - fixture reuse
 
@@ -37,9 +37,9 @@ def test_detect_point_files_to_jsonl_png_and_bag(small_model, tmp_path, capsys):
         assert {"stamp", "frame_id", "latency_ms", "boxes"} <= set(r)
         assert r["boxes"] and set(r["boxes"][0]) == {"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}
     assert sorted(p.name for p in (tmp_path / "bev").iterdir()) == ["frame_000000.png", "frame_000001.png"]
-    from livox_infer.bag import read_clouds, read_detections
+    from livox_infer.bags import read_clouds, read_detections
 
-    dets = list(read_detections(tmp_path / "bag", detect_cli.DETECTIONS_TOPIC))
+    dets = list(read_detections(tmp_path / "bag", detect_io.DETECTIONS_TOPIC))
     assert len(dets) == 2 and len(dets[0].boxes) == len(rows[0]["boxes"])
     assert np.allclose(dets[0].boxes[:, 0], [b["x"] for b in rows[0]["boxes"]], atol=1e-3)
     assert len(list(read_clouds(tmp_path / "bag"))) == 2
@@ -57,7 +57,7 @@ def test_detect_errors_are_reported_not_raised(small_model, tmp_path, capsys):  
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: cuda is a valid device here")
 def test_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys):
-    from livox_infer.cli import main
+    from livox_infer.tools.cli import main
 
     assert main(["bench", "voxelize", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -67,8 +67,8 @@ def test_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys):
 def _bad_weights(small_model, tmp_path, kind):  # noqa: F811
     from safetensors.torch import save_file
 
-    from livox_infer.model import ModelConfig, build_model
-    from livox_infer.model.weights import read_metadata
+    from livox_infer.detector import ModelConfig, build_model
+    from livox_infer.detector.weights import read_metadata
 
     cfg = ModelConfig.load(small_model)
     good = small_model.parent / "tiny.safetensors"

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from conftest import REPO, SHARED_DATA
-from livox_infer import detect_cli
-from livox_infer.pointfiles import write_pcd
+from livox_infer.tools import detect as detect_cli, detect_io
+from livox_infer.decode.pointfiles import write_pcd
 from livox_infer.presets import SENSOR_PRESETS, load_preset, pipeline_options
 
 torch.set_num_threads(1)
@@ -28,7 +28,7 @@ def parse(argv):
 
 def test_sensor_option_applies_the_preset_as_the_node_does():
     args = parse(["x.pcd", "--out", "-", "--sensor", "tele15", "--device", "cpu", "--no-compile"])
-    opts = detect_cli.pipeline_kwargs(args)
+    opts = detect_io.pipeline_kwargs(args)
     node = pipeline_options(load_preset("tele15"))
     for key in ("roi", "max_range", "tag_filter", "intensity_scale", "score_thresholds", "sensor_height", "bev_extent",
                 "model", "refine", "test_time_flip"):
@@ -39,7 +39,7 @@ def test_sensor_option_applies_the_preset_as_the_node_does():
 
 @pytest.mark.parametrize("sensor", SENSOR_PRESETS)
 def test_every_preset_grid_is_valid_for_its_model_and_covers_its_roi(sensor):
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
 
     opts = pipeline_options(load_preset(sensor))
     cfg = ModelConfig.load(opts["model"]).with_extent(opts["bev_extent"])  # ConfigError if not a whole number of cells
@@ -72,7 +72,7 @@ def record_pipeline_input(monkeypatch) -> list:
     class Recorder:  # stands in for the network: records what the pipeline would see
         def __init__(self, **kw):
             self.kw = kw
-            from livox_infer.model.config import ModelConfig
+            from livox_infer.detector.config import ModelConfig
 
             self.cfg = ModelConfig.load("lite")
             if kw.get("bev_extent"):
@@ -137,8 +137,8 @@ def test_livox_dataset_rig_gives_boxes_all_around_the_vehicle_in_base_link(tmp_p
 
 
 def test_eval_sensor_runs_and_scores_on_the_preset_grid():
-    from livox_infer.model import evaluate as evaluate_cli
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.evaluation import evaluate as evaluate_cli
+    from livox_infer.detector.config import ModelConfig
 
     p = argparse.ArgumentParser()
     evaluate_cli.add_arguments(p)

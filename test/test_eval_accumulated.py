@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from livox_infer.evaluation.accumulated import _cloud, drive, mode_inputs
-from livox_infer.model import evaluate as evaluate_cli
+from livox_infer.evaluation import evaluate as evaluate_cli
 
 torch.set_num_threads(1)
 

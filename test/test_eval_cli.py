@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from livox_infer.cli import main as cli_main
-from livox_infer.model.evaluate import parse_sim_options
+from livox_infer.tools.cli import main as cli_main
+from livox_infer.evaluation.options import parse_sim_options
 
 
 def test_parse_sim_options():

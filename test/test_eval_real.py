@@ -12,7 +12,8 @@ from livox_infer.errors import ConfigError
 from livox_infer.evaluation.real import (
     detect_views, evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
 )
-from livox_infer.model.evaluate import FrameBoxes, scan_detector
+from livox_infer.evaluation.metrics import FrameBoxes
+from livox_infer.evaluation.simulated import scan_detector
 
 REAL_DEV = SHARED_DATA / "real_dev"
 
@@ -108,7 +109,7 @@ def test_perfect_detections_score_one_and_a_box_on_a_van_is_not_false(real_dir):
 
 
 def test_eval_cli_real_writes_json(real_dir, tmp_path, capsys):
-    from livox_infer.cli import main
+    from livox_infer.tools.cli import main
 
     root, _ = real_dir
     out = tmp_path / "real.json"
@@ -144,7 +145,7 @@ def test_shipped_weights_on_real_dev():
 
 def test_shipped_weights_run_on_a_larger_bev_extent():
     """The network is convolutional: the same weights load for a per-sensor extent (80 m, ±40° cone)."""
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
     from livox_infer.pipeline import DetectionPipeline
 
     pipe = DetectionPipeline("lite", compile=False, bev_extent=(0, 80, -51.2, 51.2))

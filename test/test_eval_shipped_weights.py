@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from livox_infer.model.evaluate import evaluate_on_simulation, scan_detector
-from livox_infer.model.weights import read_metadata
+from livox_infer.evaluation.simulated import evaluate_on_simulation, scan_detector
+from livox_infer.detector.weights import read_metadata
 from livox_infer.pipeline import DetectionPipeline
 
 SENSORS = ("mid40", "mid70", "tele15", "horizon", "avia")

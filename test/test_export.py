@@ -11,12 +11,12 @@ import pytest
 import torch
 import yaml
 
-from livox_infer.cli import main as cli_main
+from livox_infer.tools.cli import main as cli_main
 from livox_infer.errors import WeightsError
-from livox_infer.model import ModelConfig, build_model, save_weights
+from livox_infer.detector import ModelConfig, build_model, save_weights
 from conftest import tiny_model_dict
-from livox_infer.model.export import MANIFEST_ENV, AotiRunner, read_manifest, record_in_manifest
-from livox_infer.model.postprocess import build_inference_model
+from livox_infer.detector.aoti import MANIFEST_ENV, AotiRunner, read_manifest, record_in_manifest
+from livox_infer.detector.postprocess import build_inference_model
 from livox_infer.pipeline import DetectionPipeline
 
 

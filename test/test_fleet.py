@@ -1,4 +1,4 @@
-"""`livox-infer detect --out-dir`: an archive of inputs, one output each, a resumable manifest (livox_infer/fleet.py);
+"""`livox-infer detect --out-dir`: an archive of inputs, one output each, a resumable manifest (livox_infer/tools/fleet.py);
 `livox-infer eval ARCHIVE --detections-dir`: AP per bag and pooled."""
 
 import argparse
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from livox_infer import detect_cli, fleet
-from livox_infer.bag import BagWriter, read_detections
-from livox_infer.pointcloud import encode_pointcloud2
-from livox_infer.pointfiles import write_bin, write_pcd
+from livox_infer.tools import detect as detect_cli, detect_io, fleet
+from livox_infer.bags import BagWriter, read_detections
+from livox_infer.decode.pointcloud import encode_pointcloud2
+from livox_infer.decode.pointfiles import write_bin, write_pcd
 
 from test_pipeline import scene_points, small_model  # noqa: F401 - fixture reuse
 
@@ -84,7 +84,7 @@ def test_archive_run_one_output_per_input_failures_recorded_and_resumed(small_mo
     assert len(drive["weights_sha256"]) == 64
     assert drive["boxes"] == sum(len(r["boxes"]) for r in rows(out / "day1" / "drive.jsonl"))
     assert [r["stamp"] for r in rows(out / "day1" / "drive.jsonl")] == [1000, 1001]
-    assert len(list(read_detections(out / "day1" / "drive.annotated", detect_cli.DETECTIONS_TOPIC))) == 2
+    assert len(list(read_detections(out / "day1" / "drive.annotated", detect_io.DETECTIONS_TOPIC))) == 2
     assert "failed: day1/broken.bin" in capsys.readouterr().err
 
     # the same rows as the one-input command on that input
@@ -143,7 +143,7 @@ def _detections(path: Path, stamps, box, score: float) -> None:
 
 
 def test_eval_over_an_archive_per_bag_and_pooled(tmp_path, capsys):
-    from livox_infer.cli import main as cli_main
+    from livox_infer.tools.cli import main as cli_main
 
     car = [12.0, 2.0, -0.75, 4.0, 2.0, 1.5, 0.0]  # around the car points of scene_points (height 1.6)
     elsewhere = [20.0, -8.0, -0.75, 4.0, 2.0, 1.5, 0.0]
@@ -168,7 +168,7 @@ def test_eval_over_an_archive_per_bag_and_pooled(tmp_path, capsys):
 
 
 def test_bench_fleet_prints_frames_per_second(small_model, tmp_path, capsys):  # noqa: F811
-    from livox_infer.cli import main as cli_main
+    from livox_infer.tools.cli import main as cli_main
 
     write_pcd(tmp_path / "a.pcd", scene_points(seed=1))
     write_bin(tmp_path / "b.bin", scene_points(seed=2))

@@ -15,9 +15,8 @@ import torch
 
 from livox_infer.errors import LivoxInferError
 from livox_infer.pipeline import DetectionPipeline
-from livox_infer.pointcloud import (
-    LAYOUTS, PointField, decode_pointcloud2, encode_pointcloud2, pointcloud2_from_cdr, pointcloud2_to_cdr,
-)
+from livox_infer.decode.pointcloud import LAYOUTS, PointField, decode_pointcloud2, encode_pointcloud2
+from livox_infer.bags import pointcloud2_from_cdr, pointcloud2_to_cdr
 
 from test_pipeline import scene_points, small_model  # noqa: F401 - fixture reuse
 

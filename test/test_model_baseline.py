@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from livox_infer.errors import ConfigError, PointCloudError
-from livox_infer.model.baseline import BaselineDetector, connected_components, min_area_rectangle
+from livox_infer.evaluation.baseline import BaselineDetector, connected_components, min_area_rectangle
 
 
 def test_connected_components_8_connectivity():

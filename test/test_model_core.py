@@ -10,12 +10,13 @@ import torch
 import yaml
 
 from livox_infer.errors import ConfigError, WeightsError
-from livox_infer.model import InferenceModel, ModelConfig, build_model, load_weights, save_weights
-from livox_infer.model.evaluate import FrameBoxes, average_precision_r40, evaluate
-from livox_infer.model.losses import detection_loss
-from livox_infer.model.network import ResidualBlock, fuse_batchnorm
-from livox_infer.model.postprocess import select_detections, topk_decode
-from livox_infer.model.targets import build_targets
+from livox_infer.detector import InferenceModel, ModelConfig, build_model, load_weights, save_weights
+from livox_infer.evaluation.metrics import FrameBoxes, evaluate
+from livox_infer.evaluation.metrics import average_precision_r40
+from livox_infer.training.losses import detection_loss
+from livox_infer.detector.network import ResidualBlock, fuse_batchnorm
+from livox_infer.detector.postprocess import select_detections, topk_decode
+from livox_infer.training.targets import build_targets
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parent.parent
@@ -199,7 +200,7 @@ def test_weights_rejects_tampered_tensors(tmp_path):
     net = build_model(cfg)
     good = tmp_path / "good.safetensors"
     save_weights(net, cfg, good)
-    from livox_infer.model.weights import read_metadata
+    from livox_infer.detector.weights import read_metadata
 
     meta = read_metadata(good)
     state = {k: v.clone() for k, v in net.state_dict().items()}
@@ -221,7 +222,7 @@ def test_weights_rejects_tensors_of_another_dtype(tmp_path, dtype):
     """Hardening: a file with the right names and shapes but float16 / float64 / int64 tensors was cast silently."""
     from safetensors.torch import save_file
 
-    from livox_infer.model.weights import read_metadata
+    from livox_infer.detector.weights import read_metadata
 
     cfg = small_config()
     net = build_model(cfg)
@@ -239,7 +240,7 @@ def _resave(tmp_path, net, cfg, change, keep_hash=True):
     kept, or recomputed for the changed tensors when keep_hash is False: a forger who knows the scheme)."""
     from safetensors.torch import save_file
 
-    from livox_infer.model.weights import CONTENT_HASH_KEY, content_sha256, read_metadata
+    from livox_infer.detector.weights import CONTENT_HASH_KEY, content_sha256, read_metadata
 
     good = tmp_path / "good.safetensors"
     save_weights(net, cfg, good)
@@ -272,7 +273,7 @@ def test_weights_reject_absurd_values_even_with_a_matching_hash(tmp_path):
 
 
 def test_weights_content_hash_catches_altered_data(tmp_path):
-    from livox_infer.model.weights import CONTENT_HASH_KEY, read_metadata
+    from livox_infer.detector.weights import CONTENT_HASH_KEY, read_metadata
 
     cfg = small_config()
     net = build_model(cfg)
@@ -356,7 +357,8 @@ def test_ap_by_range_bin():
 
 
 def test_range_bins_and_their_errors():
-    from livox_infer.model.evaluate import parse_ranges, range_bins
+    from livox_infer.evaluation.options import parse_ranges
+    from livox_infer.evaluation.metrics import range_bins
 
     assert range_bins(parse_ranges("0,20,40,inf")) == [("0-20 m", (0.0, 20.0)), ("20-40 m", (20.0, 40.0)),
                                                         ("40+ m", (40.0, math.inf))]
@@ -378,7 +380,7 @@ def test_average_precision_r40_edge_cases():
 
 
 def test_eval_reads_jsonl(tmp_path):
-    from livox_infer.model.evaluate import read_jsonl
+    from livox_infer.evaluation.metrics import read_jsonl
 
     p = tmp_path / "d.jsonl"
     rows = [{"stamp": 5, "boxes": [{"label": "car", "score": 0.5, "x": 1, "y": 2, "z": 0, "l": 4, "w": 2, "h": 1.5, "yaw": 0}]},
@@ -394,7 +396,7 @@ def test_eval_reads_jsonl(tmp_path):
 
 def test_flip_merge_decodes_the_boxes_of_both_views():
     """Head maps of a frame and of its mirror image (y -> -y), merged, decode to the frame's boxes."""
-    from livox_infer.model.postprocess import merge_flipped
+    from livox_infer.detector.postprocess import merge_flipped
 
     cfg = small_config()
     boxes = np.array([
@@ -418,7 +420,7 @@ def test_flip_merge_decodes_the_boxes_of_both_views():
 def test_flip_inference_is_mirror_equivariant():
     """With test-time flipping the output for a mirrored frame is the mirrored output (the mirrored
     BEV of `mirror_bev`: rows flipped and, with the sub-cell channels, y -> 1 - y)."""
-    from livox_infer.model.postprocess import mirror_bev
+    from livox_infer.detector.postprocess import mirror_bev
 
     torch.manual_seed(0)
     cfg = small_config()
@@ -481,7 +483,7 @@ def test_iou_head_config_and_architecture():
 
 def test_iou_loss_target_is_the_iou_of_the_regressed_box():
     """The IoU head's target at a centre is the BEV IoU of the box the head regresses there."""
-    from livox_infer.model.losses import gather_regression, iou_loss
+    from livox_infer.training.losses import gather_regression, iou_loss
 
     cfg = _new_network_config()
     boxes = np.array([[10.3, 2.1, 0.8, 4.0, 2.0, 1.5, 0.0], [14.1, -5.3, 0.9, 0.6, 0.6, 1.7, 0.0]], np.float32)
@@ -501,7 +503,7 @@ def test_iou_loss_target_is_the_iou_of_the_regressed_box():
 
 def test_iou_aware_scores_and_flip_merge():
     """score = heat^(1-a) * iou^a per class; the IoU map survives the flip merge."""
-    from livox_infer.model.postprocess import merge_flipped
+    from livox_infer.detector.postprocess import merge_flipped
 
     cfg = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0})
     boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0],
@@ -536,7 +538,7 @@ def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
     """Weights without the IoU head and without the sub-cell x/y channels initialise a network with
     both: box rows copied, the new input channels start at zero weight, so the warm-started network
     computes the same boxes as the old one (and a fresh IoU map) until it is trained."""
-    from livox_infer.model.weights import warm_start
+    from livox_infer.detector.weights import warm_start
 
     torch.manual_seed(0)
     plain_cfg = _old_network_config()
@@ -595,7 +597,7 @@ def test_warm_start_adds_residual_blocks_as_the_identity(tmp_path):
     """Weights without residual blocks initialise a network with them: the new blocks start as the
     identity, so the grown network gives the old outputs exactly (also with BatchNorm folded, as the
     pipeline runs it); a file with more blocks than the network is refused."""
-    from livox_infer.model.weights import warm_start
+    from livox_infer.detector.weights import warm_start
 
     torch.manual_seed(1)
     p = tmp_path / "small.safetensors"
@@ -632,7 +634,7 @@ def test_warm_start_adds_residual_blocks_as_the_identity(tmp_path):
 def test_mirror_bev_equals_voxelizing_the_mirrored_cloud():
     """Test-time flip mirrors the BEV tensor; with the sub-cell y channel that is 1 - y in occupied
     cells, within one 1/256 step of voxelizing the mirrored cloud (rounding of the mean)."""
-    from livox_infer.model.postprocess import mirror_bev
+    from livox_infer.detector.postprocess import mirror_bev
     from livox_infer.voxelize import voxelize_reference
 
     for cfg in (_old_network_config(), _new_network_config()):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from livox_infer.model.boxes import bev_iou, iou_3d, points_in_boxes, rotated_nms
-from livox_infer.model.ground import Mount, estimate_mount, level_boxes, level_points, unlevel_boxes
+from livox_infer.detector.boxes import bev_iou, iou_3d, points_in_boxes, rotated_nms
+from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points, unlevel_boxes
 
 torch.set_num_threads(1)
 

@@ -19,8 +19,9 @@ from sensor_msgs.msg import PointCloud2, PointField  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
 
-from livox_infer import ros_msgs  # noqa: E402
-from livox_infer.node import DetectorNode, pipeline_options  # noqa: E402
+from livox_infer.ros import messages as ros_msgs  # noqa: E402
+from livox_infer.ros.node import DetectorNode
+from livox_infer.presets import pipeline_options  # noqa: E402
 from test_node_support import Collector, FakeFactory, RosHarness, cloud_msg, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -335,7 +336,7 @@ def test_custom_msg_input(ros):
     from livox_ros_driver2.msg import CustomMsg
     from rclpy.serialization import deserialize_message
 
-    from livox_infer.bag import encode_custom_msg_cdr
+    from livox_infer.decode.custom_msg import encode_custom_msg_cdr
 
     factory = FakeFactory()
     topic = "/" + unique("custom")
@@ -462,8 +463,8 @@ def test_topics_and_warming_up_diagnostics_exist_while_the_pipeline_builds(ros):
 
 
 def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
-    from livox_infer.node import PARAMS
-    from livox_infer.node_startup import describe_start
+    from livox_infer.ros.node import PARAMS
+    from livox_infer.ros.warmup import describe_start
 
     values = {p.name: p.default for p in PARAMS}
     cache = tmp_path / "inductor"
@@ -498,7 +499,7 @@ def test_input_published_with_another_type_is_reported(ros):
 
 
 def test_echo_prints_one_line_per_detection():
-    from livox_infer.echo import format_frame
+    from livox_infer.ros.echo import format_frame
     from test_node_support import FakeDetections
 
     dets = FakeDetections(np.array([[10.0, -2.0, -1.0, 4.2, 1.8, 1.5, 0.5]], np.float32), np.array([1]),
@@ -584,7 +585,7 @@ def test_rebuild_rejections_do_not_reveal_files(ros, tmp_path):
 
 
 def test_ctrl_c_during_start_up_exits_without_a_traceback(capsys):
-    from livox_infer.node import spin_node
+    from livox_infer.ros.node import spin_node
 
     def interrupted():
         raise KeyboardInterrupt

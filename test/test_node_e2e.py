@@ -15,7 +15,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("vision_msgs.msg")
 pytest.importorskip("livox_infer.pipeline")
 
-from livox_infer.demo import run_demo  # noqa: E402
+from livox_infer.tools.demo import run_demo  # noqa: E402
 
 pytestmark = pytest.mark.ros
 FRAMES = 8
@@ -59,14 +59,14 @@ class OraclePipeline:
     with exact expectations, independent of how well the model is trained."""
 
     def __init__(self, bag) -> None:
-        from livox_infer.bag import read_detections
+        from livox_infer.bags import read_detections
 
         self.gt = {f.stamp_ns: f for f in read_detections(bag)}
         self.backend = "oracle"
 
     def detect(self, msg):
         from livox_infer import CLASS_NAMES
-        from livox_infer.pointcloud import decode_pointcloud2
+        from livox_infer.decode.pointcloud import decode_pointcloud2
         from test_node_support import FakeDetections
 
         g = self.gt[decode_pointcloud2(msg).stamp_ns]

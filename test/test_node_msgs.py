@@ -1,4 +1,4 @@
-"""livox_infer.ros_msgs: the geometry and naming the node's messages rely on."""
+"""livox_infer.ros.messages: the geometry and naming the node's messages rely on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from livox_infer import ros_msgs
+from livox_infer.ros import messages as ros_msgs
 
 
 @pytest.mark.parametrize("yaw", [0.0, 0.3, -1.2, math.pi / 2, 3.0, -3.1])

@@ -18,7 +18,8 @@ import yaml
 pytest.importorskip("rclpy")
 pytest.importorskip("vision_msgs.msg")
 
-from livox_infer.node import PARAM_SPECS, SENSOR_PRESETS, DetectorNode, add_arguments, ros_arguments  # noqa: E402
+from livox_infer.ros.node import PARAM_SPECS, DetectorNode, add_arguments, ros_arguments
+from livox_infer.presets import SENSOR_PRESETS  # noqa: E402
 from test_node_support import FakeFactory, RosHarness, unique  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -92,7 +93,7 @@ def test_run_builds_ros_arguments_from_the_preset_and_overrides():
 def _run_cli(argv: list[str], wait_for_text: str | None, timeout_s: float = 60.0) -> tuple[int, str]:
     """Run ``livox-infer run ...``; stop it with SIGINT once ``wait_for_text`` is printed."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
-    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.cli", "run", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "run", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)

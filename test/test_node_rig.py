@@ -15,8 +15,8 @@ from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 
-from livox_infer import ros_msgs  # noqa: E402
-from livox_infer.node import DetectorNode  # noqa: E402
+from livox_infer.ros import messages as ros_msgs  # noqa: E402
+from livox_infer.ros.node import DetectorNode  # noqa: E402
 from test_node_support import Collector, FakeFactory, RosHarness, cloud_msg, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -122,7 +122,7 @@ def test_accumulation_is_motion_compensated_with_odometry(ros):
 def test_run_passes_the_rig_to_the_node():
     import argparse
 
-    from livox_infer.node import add_arguments, ros_arguments
+    from livox_infer.ros.node import add_arguments, ros_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

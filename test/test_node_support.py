@@ -12,7 +12,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, WeightsError
-from livox_infer.pointcloud import Cloud, decode_pointcloud2, encode_pointcloud2, to_ros_message
+from livox_infer.decode.pointcloud import Cloud, decode_pointcloud2, encode_pointcloud2, to_ros_message
 
 _counter = itertools.count()
 
@@ -108,7 +108,7 @@ class RosHarness:
 
         self.context = Context()
         rclpy.init(context=self.context)
-        from livox_infer.node import create_executor
+        from livox_infer.ros.node import create_executor
 
         self.executor = create_executor(self.context)  # what the node spins in
         self.nodes = []
@@ -164,10 +164,10 @@ def test_detector_node_help_prints_the_parameters_and_does_not_start():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", "import sys; from livox_infer.node import main; sys.exit(main())",
+    out = subprocess.run([sys.executable, "-c", "import sys; from livox_infer.ros.node import main; sys.exit(main())",
                           "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: ros2 run livox_infer detector_node")
-    from livox_infer.node import PARAMS
+    from livox_infer.ros.node import PARAMS
 
     assert all(f"  {p.name} (default" in out.stdout for p in PARAMS)

@@ -10,10 +10,10 @@ import torch
 import yaml
 
 from livox_infer.errors import BackendError, ConfigError, PointCloudError, WeightsError
-from livox_infer.model import ModelConfig, build_model, save_weights
-from livox_infer.model.ground import Mount
+from livox_infer.detector import ModelConfig, build_model, save_weights
+from livox_infer.ground import Mount
 from livox_infer.pipeline import DetectionPipeline, Detections
-from livox_infer.pointcloud import Cloud, encode_pointcloud2
+from livox_infer.decode.pointcloud import Cloud, encode_pointcloud2
 
 torch.set_num_threads(1)
 STAGES = {"decode", "ground", "voxelize", "network", "refine", "postprocess", "total"}
@@ -175,7 +175,7 @@ def test_test_time_flip_mirrors_consistently(small_model, tmp_path, xy_offsets):
     without the sub-cell x/y channels; with them the mirrored cloud's y channel equals 1 - y only to
     within one 1/256 step (the rounded mean), so the random test network's outputs may move a little.
     Stage 1 only: the stage-2 refiner sees each box's points in the box frame and is not mirror-symmetric."""
-    from livox_infer.model import ModelConfig, build_model, save_weights
+    from livox_infer.detector import ModelConfig, build_model, save_weights
 
     d = yaml.safe_load(Path(small_model).read_text())
     d["grid"]["xy_offsets"] = xy_offsets
@@ -230,7 +230,7 @@ def test_one_point_with_a_huge_intensity_leaves_the_frame_intact(value):
 
 
 def test_point_budget_thins_deterministically_and_reports_it(small_model):
-    from livox_infer.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+    from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
 
     pipe = DetectionPipeline(small_model, compile=False, sensor_height=1.6, score_thresholds=0.0, max_points=2000)
     pts = scene_points()  # 6800 points

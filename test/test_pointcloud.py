@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from livox_infer.errors import ConfigError, PointCloudError
-from livox_infer.pointcloud import (
+from livox_infer.decode.pointcloud import (
     FLOAT32,
     FLOAT64,
     INT16,
@@ -25,12 +25,10 @@ from livox_infer.pointcloud import (
     encode_pointcloud2,
     filter_points,
     from_message,
-    pointcloud2_from_cdr,
-    pointcloud2_to_cdr,
     tag_keep_mask,
     to_ros_message,
-    to_rosbags_message,
 )
+from livox_infer.bags import pointcloud2_from_cdr, pointcloud2_to_cdr, to_rosbags_message
 
 STAMP_NS = 1_700_000_000_250_000_000  # an epoch time, like a real driver's header stamp
 _NP = {FLOAT32: "<f4", FLOAT64: "<f8", UINT8: "u1", UINT16: "<u2", UINT32: "<u4", INT16: "<i2"}
@@ -363,7 +361,7 @@ def test_decodes_real_rclpy_pointcloud2():
 
 
 def test_bench_decode_cli_runs(capsys, monkeypatch):
-    from livox_infer.cli import main
+    from livox_infer.tools.cli import main
 
     monkeypatch.setitem(sys.modules, "sensor_msgs_py", None)  # not importable: the comparison is skipped
     assert main(["bench", "decode", "--points", "2000", "--repeat", "2"]) == 0
@@ -388,7 +386,7 @@ def test_bench_decode_compares_with_upstream_sensor_msgs_py(capsys, monkeypatch,
     monkeypatch.syspath_prepend(str(tmp_path / "common_interfaces" / "sensor_msgs_py"))
     for name in [m for m in sys.modules if m.startswith("sensor_msgs_py")]:
         monkeypatch.delitem(sys.modules, name)
-    from livox_infer.cli import main
+    from livox_infer.tools.cli import main
 
     assert main(["bench", "decode", "--points", "2000", "--repeat", "3", "--rosbags-repeat", "0"]) == 0
     out = capsys.readouterr().out
@@ -435,7 +433,7 @@ def test_non_contiguous_buffer_rejected():
 
 
 def test_limit_points_keeps_an_even_deterministic_subset():
-    from livox_infer.pointcloud import limit_points
+    from livox_infer.decode.pointcloud import limit_points
 
     n = 10_007
     pts = np.c_[np.arange(n), np.zeros((n, 3))].astype(np.float32)

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import SHARED_DATA
 from livox_infer.errors import PointCloudError
-from livox_infer.pointcloud import DecodeFilter
-from livox_infer.pointfiles import (
+from livox_infer.decode.pointcloud import DecodeFilter
+from livox_infer.decode.pointfiles import (
     lzf_compress,
     lzf_decompress,
     read_bin,
@@ -189,7 +189,7 @@ def test_lzf_round_trip(data):
 
 def test_npy_point_files(tmp_path):
     from livox_infer.errors import PointCloudError
-    from livox_infer.pointfiles import read_points_file
+    from livox_infer.decode.pointfiles import read_points_file
 
     pts = np.arange(12, dtype=np.float64).reshape(4, 3)
     np.save(tmp_path / "a.npy", pts)

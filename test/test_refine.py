@@ -13,15 +13,15 @@ from safetensors import safe_open
 
 from conftest import tiny_model_dict
 from livox_infer.errors import ConfigError, WeightsError
-from livox_infer.model import ModelConfig, build_model, load_weights, save_weights
-from livox_infer.model import train as train_mod
-from livox_infer.model.boxes import axis_angle, paired_bev_iou
-from livox_infer.model.refine import (
+from livox_infer.detector import ModelConfig, build_model, load_weights, save_weights
+from livox_infer.training import train as train_mod
+from livox_infer.detector.boxes import axis_angle, paired_bev_iou
+from livox_infer.detector.refine import (
     POINT_FEATURES, VIS_OBSTACLE_Z, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size,
     encode_residuals, first_hit_map, match_candidates, refine_candidates, refine_loss, roi_context,
     roi_point_features, roi_visibility,
 )
-from livox_infer.model.weights import warm_start
+from livox_infer.detector.weights import warm_start
 
 torch.set_num_threads(1)
 
@@ -363,7 +363,7 @@ def test_hostile_intensity_and_residuals_stay_bounded():
     """One point with a huge intensity must not carry a refined box (and the maps sized from boxes) away."""
     import math
 
-    from livox_infer.model.refine import MOVE_LIMIT, apply_residuals, roi_point_features
+    from livox_infer.detector.refine import MOVE_LIMIT, apply_residuals, roi_point_features
 
     box = torch.tensor([[10.0, 0.0, 0.8, 4.0, 1.8, 1.5, 0.0]])
     pts = torch.tensor([[10.0, 0.2, 0.8, 1e30], [10.5, -0.3, 0.5, 3e8], [9.5, 0.1, 1.0, -5.0]])
@@ -378,7 +378,7 @@ def test_hostile_intensity_and_residuals_stay_bounded():
 
 
 def test_prefilter_map_is_capped_for_boxes_far_apart():
-    from livox_infer.model.refine import _near_any_box
+    from livox_infer.detector.refine import _near_any_box
 
     boxes = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.0], [3e6, 3e6, 0.0, 4.0, 2.0, 1.5, 0.0]])
     pts = torch.tensor([[0.5, 0.0, 0.0, 1.0], [50.0, 50.0, 0.0, 1.0]])
@@ -389,7 +389,7 @@ def test_prefilter_map_is_capped_for_boxes_far_apart():
 def test_gathering_is_capped_for_a_pile_of_points_on_one_box(monkeypatch):
     """Every point in one box: stage 2 gathers at most MAX_NEAR_POINTS of them (its cost is rois x gathered
     points), the ones with the largest sampling key, so the features are what an uncapped run picks."""
-    from livox_infer.model import refine as refine_mod
+    from livox_infer.detector import refine as refine_mod
 
     monkeypatch.setattr(refine_mod, "MAX_NEAR_POINTS", 256)
     r = np.random.default_rng(1)

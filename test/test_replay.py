@@ -16,10 +16,10 @@ from rclpy.serialization import serialize_message  # noqa: E402
 from sensor_msgs.msg import PointCloud2  # noqa: E402
 from vision_msgs.msg import Detection3DArray  # noqa: E402
 
-from livox_infer.bag import BagWriter  # noqa: E402
+from livox_infer.bags import BagWriter  # noqa: E402
 from livox_infer.errors import ConfigError  # noqa: E402
-from livox_infer.pointcloud import decode_pointcloud2, encode_pointcloud2  # noqa: E402
-from livox_infer.replay import BagError, BagReplayer, parse_remaps  # noqa: E402
+from livox_infer.decode.pointcloud import decode_pointcloud2, encode_pointcloud2  # noqa: E402
+from livox_infer.ros.replay import BagError, BagReplayer, parse_remaps  # noqa: E402
 from test_node_support import Collector, RosHarness, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -104,7 +104,7 @@ def test_rate_zero_is_as_fast_as_possible_and_loop_repeats(ros, tmp_path):
 
 def test_custom_msg_bags_replay(ros, tmp_path):
     pytest.importorskip("livox_ros_driver2.msg")
-    from livox_infer.node import custom_msg_cdr_to_cloud
+    from livox_infer.ros.node import custom_msg_cdr_to_cloud
 
     bag = write_bag(tmp_path / "bag", custom=True)
     stats, clouds, _, _ = replay_into(ros, bag, rate=0.0)
@@ -138,7 +138,7 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
     bag = write_bag(tmp_path / "bag")
     topic = "/" + unique("ctrl_c")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.cli", "replay", str(bag), "--loop", "--rate", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), "--loop", "--rate", "0",
                              "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     lines: list[str] = []
@@ -171,7 +171,7 @@ def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_pa
         good = serialize_message(PointCloud2())
         short = encode_pointcloud2(frame_points(0), "livox", stamp_ns=T0)
         short.data = short.data[:-7]  # decodes, but its data are shorter than row_step * height
-        from livox_infer.pointcloud import pointcloud2_to_cdr
+        from livox_infer.bags import pointcloud2_to_cdr
 
         w._writer.write(conn, T0 + (FRAMES + 1) * PERIOD_NS, pointcloud2_to_cdr(short))
         w._writer.write(conn, T0 + (FRAMES + 2) * PERIOD_NS, bytes(good))  # an empty cloud is valid
@@ -182,7 +182,7 @@ def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_pa
 
     import argparse
 
-    from livox_infer import replay
+    from livox_infer.ros import replay
 
     p = argparse.ArgumentParser()
     replay.add_arguments(p)

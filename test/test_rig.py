@@ -7,7 +7,7 @@ import pytest
 
 from livox_infer.accumulate import Accumulator, PoseBuffer, deskew, interpolate_pose, pose_matrix
 from livox_infer.errors import ConfigError
-from livox_infer.pointcloud import Cloud
+from livox_infer.decode.pointcloud import Cloud
 from livox_infer.rig import (
     FrameAssembler,
     Rig,

@@ -4,7 +4,7 @@ sensor_msgs_py 5.4.2 from ../shared/ros2_upstream, installed by scripts/setup_ro
     ros2 launch livox_infer detect.launch.py sensor:=horizon ...      (by package name, through the ament index)
     livox-infer replay drive.db3 --remap ...   +   ros2 topic echo --once .../detections
     ros2 param get / set / load, ros2 topic info -v (type hash)
-    sensor_msgs_py.point_cloud2 create_cloud / read_points against livox_infer.pointcloud
+    sensor_msgs_py.point_cloud2 create_cloud / read_points against livox_infer.decode.pointcloud
 
 One node is launched for the module (use_compile:=false, cpu: ~10-20 s to start on 2 cores); every command is bounded
 by a timeout and runs in the module's own ROS domain on localhost. Skipped, with the reason, where the tools are not
@@ -183,7 +183,8 @@ def test_sensor_msgs_py_reads_and_writes_the_clouds_the_decoder_reads_and_writes
         from std_msgs.msg import Header
         from rclpy.serialization import deserialize_message
         from sensor_msgs.msg import PointCloud2
-        from livox_infer.pointcloud import decode_pointcloud2, encode_pointcloud2, pointcloud2_to_cdr
+        from livox_infer.decode.pointcloud import decode_pointcloud2, encode_pointcloud2
+        from livox_infer.bags import pointcloud2_to_cdr
 
         rng = np.random.default_rng(0)
         xyzi = np.concatenate([rng.uniform(-50, 50, (500, 3)), rng.uniform(0, 255, (500, 1))], 1).astype(np.float32)

@@ -229,7 +229,7 @@ def test_ego_speed_smears_static_objects_along_the_drive():
 
 @pytest.mark.parametrize("layout,storage", [("livox", "sqlite3"), ("custom", "mcap")])
 def test_simulate_cli_writes_bag_with_ground_truth(tmp_path, layout, storage):
-    from livox_infer.bag import bag_info, read_clouds, read_detections
+    from livox_infer.bags import bag_info, read_clouds, read_detections
     from livox_infer.sim import cli
 
     parser = argparse.ArgumentParser()

@@ -69,7 +69,7 @@ def test_cache_state_of_a_real_compile_cold_then_warm(monkeypatch, tmp_path):
 def test_bench_startup_times_node_start_to_first_detection():
     pytest.importorskip("rclpy")
     pytest.importorskip("vision_msgs.msg")
-    out = subprocess.run([sys.executable, "-m", "livox_infer.cli", "bench", "startup", "--runs", "1",
+    out = subprocess.run([sys.executable, "-m", "livox_infer.tools.cli", "bench", "startup", "--runs", "1",
                           "--use-compile", "false", "--timeout", "240"], capture_output=True, text=True, timeout=400,
                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from livox_infer import cli
+from livox_infer.tools import cli
 from livox_infer.bench.load import busy_processes
 from livox_infer.bench.table import format_table
 from livox_infer.threads import DEFAULT_THREADS, add_threads_argument, thread_count

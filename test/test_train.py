@@ -13,11 +13,11 @@ from safetensors import safe_open
 
 from conftest import tiny_model_dict
 from livox_infer.errors import ConfigError
-from livox_infer.model import ModelConfig
-from livox_infer.model import train as train_mod
-from livox_infer.model.losses import bev_corners_from_regression, corner_loss, detection_loss
-from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
-from livox_infer.model.targets import build_targets
+from livox_infer.detector import ModelConfig
+from livox_infer.training import train as train_mod
+from livox_infer.training.losses import bev_corners_from_regression, corner_loss, detection_loss
+from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
+from livox_infer.training.targets import build_targets
 
 torch.set_num_threads(1)
 
@@ -183,7 +183,7 @@ def test_corner_loss():
 def test_detection_loss_with_corners_and_neighbours():
     cfg = ModelConfig.from_dict(_small_config(), source="test")
     torch.manual_seed(0)
-    from livox_infer.model import build_model
+    from livox_infer.detector import build_model
 
     net = build_model(cfg)
     boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4]], np.float32)
@@ -220,7 +220,7 @@ def test_batch_loss_learns_in_both_precisions(amp_dtype):
     """The training step's loss (channels_last, autocast) fits one frame, and weights and gradients stay fp32."""
     cfg = ModelConfig.from_dict(_small_config(), source="test")
     torch.manual_seed(0)
-    from livox_infer.model import build_model
+    from livox_infer.detector import build_model
 
     net = build_model(cfg).to(memory_format=torch.channels_last)
     boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4]], np.float32)
@@ -300,7 +300,7 @@ def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     assert [h["step"] for h in hist] == [2, 4]
     assert "corners" in hist[0]["loss"] and "bev@0.7" in hist[0]["val"]["ap"]["car"]
     # the weights load into the pipeline's model
-    from livox_infer.model import build_model, load_weights
+    from livox_infer.detector import build_model, load_weights
 
     cfg = ModelConfig.load(args.config)
     load_weights(build_model(cfg), cfg, tmp_path / "best.safetensors")
@@ -374,7 +374,7 @@ def test_intensity_augmentation_drops_and_varies_intensity():
 
 
 def test_use_intensity_false_zeroes_the_input_in_training_and_in_the_pipeline():
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
     from livox_infer.pipeline import DetectionPipeline
     from livox_infer.voxelize.reference import ReferenceConstants
 

@@ -299,7 +299,7 @@ def test_real_horizon_scan_triton_equals_torch():
     path = SHARED_DATA / "livox_horizon" / "livox_source.pcd"
     if not path.is_file():
         pytest.skip("shared Horizon scan not present")
-    from livox_infer.pointfiles import read_pcd
+    from livox_infer.decode.pointfiles import read_pcd
 
     points = torch.from_numpy(np.ascontiguousarray(read_pcd(path), dtype=np.float32))
     points[:, 2] += 0.9  # ground to z ~ 0 (see the data README)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from livox_infer.bench.table import format_table
-from livox_infer.pointcloud import LAYOUTS, DecodeFilter, decode_pointcloud2, encode_pointcloud2, to_ros_message
+from livox_infer.decode.pointcloud import LAYOUTS, DecodeFilter, decode_pointcloud2, encode_pointcloud2, to_ros_message
 
 FILTERS = DecodeFilter(tag_filter="strict", min_range=0.5, max_range=200.0,
                        x_min=-100.0, x_max=100.0, y_min=-60.0, y_max=60.0, z_min=-5.0, z_max=5.0)
@@ -43,7 +43,7 @@ def make_points(n: int, seed: int = 0, source: Path | None = None) -> tuple[np.n
     """(points (n,4), time (n,), tag (n,)): a Livox-like frame with ~2 % no-returns and 0.1 % NaN."""
     rng = np.random.default_rng(seed)
     if source is not None:
-        from livox_infer.pointfiles import read_points_file
+        from livox_infer.decode.pointfiles import read_points_file
 
         base = read_points_file(source)
         pts = np.resize(base, (n, 4)).astype(np.float32)
@@ -148,7 +148,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _bench_custom_msg(pts: np.ndarray, t: np.ndarray, tag: np.ndarray, args: argparse.Namespace) -> list[list]:
     """Table rows: Livox CustomMsg CDR -> Cloud, livox_infer's numpy codec vs rosbags' generic deserializer."""
-    from livox_infer.bag import custom_msg_to_cloud, decode_custom_msg_cdr, encode_custom_msg_cdr, typestore
+    from livox_infer.decode.custom_msg import custom_msg_to_cloud, decode_custom_msg_cdr, encode_custom_msg_cdr
+    from livox_infer.bags import typestore
 
     raw = encode_custom_msg_cdr(pts, time=t, tag=tag, stamp_ns=1_700_000_000_000_000_000)
     fns: dict[str, Callable[[], Any]] = {"livox_infer": lambda: custom_msg_to_cloud(decode_custom_msg_cdr(raw)),

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _detect_args(argv: list[str]) -> argparse.Namespace:
-    from livox_infer import detect_cli
+    from livox_infer.tools import detect as detect_cli
 
     p = argparse.ArgumentParser(prog="livox-infer detect")
     detect_cli.add_arguments(p)
@@ -33,7 +33,7 @@ def _detect_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> int:
-    from livox_infer import fleet
+    from livox_infer.tools import fleet
 
     try:
         counts = [int(x) for x in args.workers.split(",") if x.strip()]

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_messages(sensor: str, n: int, seed: int):
-    from livox_infer.pointcloud import encode_pointcloud2
+    from livox_infer.decode.pointcloud import encode_pointcloud2
     from livox_infer.sim.simulate import simulate_drive
 
     with warnings.catch_warnings():

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _node_command(args: argparse.Namespace, topic: str, name: str) -> list[str]:
-    cmd = [sys.executable, "-m", "livox_infer.cli", "run", "--sensor", args.sensor, "--device", "cpu",
+    cmd = [sys.executable, "-m", "livox_infer.tools.cli", "run", "--sensor", args.sensor, "--device", "cpu",
            "--use-compile", args.use_compile, "--input-topic", topic, "--node-name", name,
            "--threads", str(args.threads)]
     if args.aoti_package:
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     from sensor_msgs.msg import PointCloud2
 
     from livox_infer.bench.pipeline import make_messages
-    from livox_infer.pointcloud import to_ros_message
+    from livox_infer.decode.pointcloud import to_ros_message
 
     msgs, _, n_points = make_messages(args.sensor, 1, 0)
     cloud = to_ros_message(msgs[0], PointCloud2)

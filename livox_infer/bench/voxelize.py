@@ -70,7 +70,7 @@ def livox_like_points(n: int, grid: GridConfig, seed: int = 0) -> torch.Tensor:
 
 
 def _grid_for(model: str | None, device: torch.device) -> tuple[str, GridConfig]:
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
 
     name = model or ("full" if device.type == "cuda" else "lite")
     return name, ModelConfig.load(name).grid
@@ -200,7 +200,7 @@ def _check_clouds(grid: GridConfig) -> dict[str, torch.Tensor]:
         ext[k, k % 4] = special[(k // 4) % 6]
     clouds["extreme"] = ext
     try:
-        from livox_infer.pointfiles import read_pcd
+        from livox_infer.decode.pointfiles import read_pcd
         from livox_infer.resources import share_dir
 
         pcd = share_dir().parent / "shared" / "data" / "livox_horizon" / "livox_source.pcd"
@@ -242,7 +242,7 @@ def run_check(device: torch.device, small: bool = False) -> bool:
         except Exception as exc:  # noqa: BLE001 - reported as a failed check
             return exc
 
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
 
     backend = "triton" if cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch"
     for model in ("lite", "full"):

@@ -22,7 +22,7 @@ import numpy as np
 
 from livox_infer.accumulate import Accumulator
 from livox_infer.errors import ConfigError
-from livox_infer.pointcloud import Cloud
+from livox_infer.decode.pointcloud import Cloud
 
 MODES = ("single", "accumulated", "accumulated, no poses")
 
@@ -54,16 +54,9 @@ def mode_inputs(frames: list, k: int) -> dict[str, Cloud]:
 
 
 def main_accumulated(args, pipe) -> int:
-    from livox_infer.model.evaluate import (
-        SIM_EVAL_SEED_BASE,
-        FrameBoxes,
-        eval_region,
-        evaluate,
-        parse_ranges,
-        parse_sim_options,
-        range_bins,
-        summary_table,
-    )
+    from livox_infer.evaluation.simulated import SIM_EVAL_SEED_BASE
+    from livox_infer.evaluation.metrics import FrameBoxes, evaluate, range_bins, summary_table
+    from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options
 
     k = int(args.sim_accumulate)
     if not 2 <= k <= 20:

@@ -1,6 +1,6 @@
 """`livox-infer eval ARCHIVE --detections-dir DIR`: AP per bag and pooled over an archive.
 
-DIR is the output of ``livox-infer detect ARCHIVE --out-dir DIR`` (locally or on Ray, livox_infer/fleet.py):
+DIR is the output of ``livox-infer detect ARCHIVE --out-dir DIR`` (locally or on Ray, livox_infer/tools/fleet.py):
 ``DIR/<name>.jsonl`` holds the detections of the bag found as ``<name>`` below ARCHIVE. Ground truth is each
 bag's Detection3DArray topic (``--gt-topic``), with the lidar points inside each box counted from the bag's
 clouds (GT with fewer than ``--min-points`` is ignored, as in the one-bag eval). Pooled AP ranks the
@@ -31,12 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _bag_frames(job, det_dir: Path, args: argparse.Namespace):
     """(detection frames, GT frames) of one bag, aligned by stamp."""
-    from livox_infer.model.evaluate import _gt_from_bag, align_frames, read_jsonl
+    from livox_infer.evaluation.simulated import gt_from_bag
+    from livox_infer.evaluation.metrics import align_frames, read_jsonl
 
     det_file = det_dir / f"{job.name}.jsonl"
     if not det_file.is_file():
         raise ConfigError(f"no detections {det_file} (run `livox-infer detect` with --out-dir {det_dir} first)")
-    gts, _ = _gt_from_bag(job.input, args.gt_topic, args.cloud_topic)
+    gts, _ = gt_from_bag(job.input, args.gt_topic, args.cloud_topic)
     if not gts:
         raise ConfigError(f"no ground-truth frames on {args.gt_topic}")
     return align_frames(read_jsonl(det_file), gts)
@@ -50,9 +51,9 @@ def _summary_line(name: str, res) -> str:
 
 def main_archive(args: argparse.Namespace) -> int:
     """Exit status 0: every bag evaluated; 1: some bags could not be (listed); 2: bad options / nothing to do."""
-    from livox_infer.fleet import discover
-    from livox_infer.model.config import ModelConfig
-    from livox_infer.model.evaluate import evaluate
+    from livox_infer.tools.fleet import discover
+    from livox_infer.detector.config import ModelConfig
+    from livox_infer.evaluation.metrics import evaluate
 
     try:
         if not args.input:

@@ -33,9 +33,10 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
-from livox_infer.model.boxes import points_in_boxes
-from livox_infer.pointfiles import read_points_file
-from livox_infer.model.evaluate import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, scan_detector
+from livox_infer.detector.boxes import points_in_boxes
+from livox_infer.decode.pointfiles import read_points_file
+from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate
+from livox_infer.evaluation.simulated import scan_detector
 
 # Source classes that are ignored for one of ours (KITTI's convention: a van is not a missed car, and
 # a car box on it is not a false one). Everything else not ours (bollards, signs, ...) is background.
@@ -236,7 +237,7 @@ def parse_headings(value: str) -> list[float]:
 
 def main_real(args, make_pipeline: Callable[[], Any]) -> int:
     """`livox-infer eval --real DIR`: print the AP table per source and pooled; JSON with --out."""
-    from livox_infer.model.config import ModelConfig
+    from livox_infer.detector.config import ModelConfig
 
     cfg = ModelConfig.load(args.model)
     headings = parse_headings(args.headings)
@@ -260,7 +261,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
 def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], classes: Sequence[str], out_dir: Path,
                        fov: float, max_range: float) -> list[Path]:
     """One BEV PNG per view: points, labelled boxes (dashed; grey = ignored) and detections (solid)."""
-    from livox_infer.detect_cli import save_bev_png
+    from livox_infer.tools.detect_io import save_bev_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def write_bag(args: argparse.Namespace) -> dict:
-    from livox_infer.bag import BagWriter
-    from livox_infer.pointcloud import encode_pointcloud2
+    from livox_infer.bags import BagWriter
+    from livox_infer.decode.pointcloud import encode_pointcloud2
     from livox_infer.sim.simulate import iter_drive
 
     if args.frames < 1:

@@ -24,7 +24,7 @@ def default_data_dir() -> Path:
 
 
 def load_real(data_dir: Path) -> dict[str, np.ndarray]:
-    from livox_infer.pointfiles import read_pcd
+    from livox_infer.decode.pointfiles import read_pcd
 
     files = sorted(data_dir.glob("*.pcd"))
     if not files:

@@ -1,0 +1,235 @@
+"""Weights I/O: safetensors only (no pickle, loading runs no code), tied to the model config.
+
+The metadata holds the architecture dict of the config (JSON), its hash and a content hash (sha256 over
+every tensor's name, dtype, shape and bytes); `load_weights` refuses a file whose architecture differs
+from the config, whose tensors are missing/extra/mis-shaped/of another dtype, non-finite or implausibly
+large (|value| > MAX_ABS_VALUE, a BatchNorm running variance <= 0), whose content hash (where recorded)
+does not match its tensors, or that is not a readable safetensors file, always with a `WeightsError`
+saying which and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from livox_infer.errors import WeightsError
+from livox_infer.detector.config import ModelConfig
+
+FORMAT = "livox_infer.bev_detector.v1"
+CONTENT_HASH_KEY = "content_sha256"
+# no trained value comes near this (shipped lite: largest 758, a BatchNorm running variance); a file scaled
+# by 1e30 or with random bytes in its data does
+MAX_ABS_VALUE = 1e5
+
+
+def content_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: what the file holds,
+    independent of the safetensors layout and metadata."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        v = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{v.dtype}|{tuple(v.shape)}|".encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, extra: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    meta = {
+        "format": FORMAT,
+        "config_name": cfg.name,
+        "architecture": json.dumps(cfg.architecture(), sort_keys=True),
+        "architecture_hash": cfg.architecture_hash(),
+        CONTENT_HASH_KEY: content_sha256(state),
+    }
+    for k, v in (extra or {}).items():
+        meta[str(k)] = str(v)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    save_file(state, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except FileNotFoundError as exc:
+        raise WeightsError(f"weights file not found: {path}") from exc
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad header
+        raise WeightsError(f"weights file {path} is not a valid safetensors file: {exc}") from exc
+
+
+def _detector_metadata(path: Path) -> dict[str, str]:
+    """The file's metadata, after checking it is a detector weights file."""
+    meta = read_metadata(path)
+    if meta.get("format") != FORMAT:
+        raise WeightsError(f"{path}: not a livox_infer detector weights file (format={meta.get('format')!r})")
+    return meta
+
+
+def _differing_keys(ours: dict, theirs: dict) -> list[str]:
+    return sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+
+
+def _read_state(path: Path, map_location: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=map_location)
+    except Exception as exc:  # noqa: BLE001
+        raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
+
+
+def _check_values(state: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """Finite, plausible values, and the recorded content hash (files saved before it existed have none)."""
+    for k, v in state.items():
+        if not v.is_floating_point():
+            continue
+        if not torch.isfinite(v).all():
+            raise WeightsError(f"{path}: tensor {k} holds NaN/inf values")
+        if v.numel() and float(v.abs().max()) > MAX_ABS_VALUE:
+            raise WeightsError(f"{path}: tensor {k} holds values beyond +-{MAX_ABS_VALUE:g} (no trained weight does)")
+        if k.endswith("running_var") and v.numel() and float(v.min()) <= 0:
+            raise WeightsError(f"{path}: BatchNorm variance {k} is not positive")
+    recorded = meta.get(CONTENT_HASH_KEY)
+    if recorded is not None and recorded != content_sha256(state):
+        raise WeightsError(f"{path}: tensor data do not match the content hash recorded when it was saved "
+                           "(the file was altered or damaged)")
+
+
+def extent_free(arch: dict) -> dict:
+    """An architecture dict without the grid's x/y extent: the network is convolutional, so the same
+    weights run on any BEV extent (a per-sensor grid); cell size, z range and channels still must match."""
+    out = dict(arch)
+    if isinstance(out.get("grid"), dict):
+        out["grid"] = {k: v for k, v in out["grid"].items() if k not in ("x_range", "y_range")}
+    return out
+
+
+def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str, meta: dict[str, str]) -> None:
+    """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
+    state = _read_state(path, map_location)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
+    # dtypes exactly: load_state_dict would silently cast an int64 / float16 / float64 file into the network
+    wrong_dtype = sorted(k for k in set(expected) & set(state) if expected[k].dtype != state[k].dtype)
+    if missing or extra or bad or wrong_dtype:
+        raise WeightsError(
+            f"{path} does not match the network of {cfg.source or cfg.name}: "
+            f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}, "
+            f"wrong dtype {[f'{k}: {state[k].dtype}' for k in wrong_dtype[:5]]}"
+        )
+    _check_values(state, path, meta)
+    model.load_state_dict(state)
+
+
+def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> dict[str, str]:
+    """Load ``path`` into ``model`` after checking it belongs to ``cfg``. Returns the file's metadata."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(
+            f"weights file not found: {path} (config {cfg.source or cfg.name}); train one with "
+            f"`livox-infer train --config {cfg.name}` or pass weights=<file.safetensors>"
+        )
+    meta = _detector_metadata(path)
+    if meta.get("architecture_hash") != cfg.architecture_hash():
+        try:
+            theirs = json.loads(meta.get("architecture", "{}"))
+        except json.JSONDecodeError:
+            theirs = {}
+        diff = _differing_keys(extent_free(cfg.architecture()), extent_free(theirs if isinstance(theirs, dict) else {}))
+        if diff or meta.get("architecture_hash") is None:  # only the BEV extent may differ
+            raise WeightsError(
+                f"{path} was trained for a different model config than {cfg.source or cfg.name} "
+                f"(differs in: {', '.join(diff) or 'hash'}); use the config it was trained with"
+            )
+    _load_matching(model, cfg, path, map_location, meta)
+    return meta
+
+
+REFINER_FIRST_HIDDEN = "refiner.head.0.weight"  # the refiner's first hidden layer: [point features | context]
+GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine")
+
+
+def _core_architecture(arch: dict) -> dict:
+    """An architecture dict without what a warm start may add: the IoU head, residual blocks, the stage-2
+    refiner and the sub-cell x/y input channels."""
+    core = {k: v for k, v in arch.items() if k not in GROWABLE_KEYS}
+    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k != "xy_offsets"}
+    return core
+
+
+def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> list[str]:
+    """Initialise ``model`` from weights of the same network, or of one with fewer residual blocks,
+    without the IoU head, without the stage-2 refiner and/or without the sub-cell x/y input channels
+    (weights trained before these).
+
+    New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
+    convolution and new refiner context inputs (``refine.visibility``) get zero weights and new residual
+    blocks start as the identity, so the warm-started network computes what the old one did (exactly;
+    up to float rounding where a refiner gained inputs) until training teaches it to use them. Returns the
+    names of the tensors that were grown or added; any other difference raises `WeightsError`."""
+    from livox_infer.detector.network import ResidualBlock
+    from livox_infer.detector.refine import RoiRefiner
+    from livox_infer.voxelize.grid import GridConfig
+
+    path = Path(path)
+    meta = _detector_metadata(path)
+    if meta.get("architecture_hash") == cfg.architecture_hash():
+        _load_matching(model, cfg, path, map_location, meta)
+        return []
+    try:
+        theirs = json.loads(meta.get("architecture", "{}"))
+    except json.JSONDecodeError as exc:
+        raise WeightsError(f"{path}: unreadable architecture metadata") from exc
+    diff = _differing_keys(_core_architecture(cfg.architecture()), _core_architecture(theirs))
+    if diff:
+        raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
+    old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
+    new_channels = cfg.grid.channel_names
+    channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
+    state = _read_state(path, map_location)
+    own = model.state_dict()
+    new_blocks = tuple(name + "." for name, m in model.named_modules() if isinstance(m, (ResidualBlock, RoiRefiner)))
+    missing = sorted(k for k in set(own) - set(state) if not k.startswith(new_blocks))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
+                           f"{missing[:5]}, unexpected {unexpected[:5]}")
+    _check_values(state, path, meta)
+    added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
+    state.update({k: own[k] for k in added})
+    grown = list(added)
+    for k, v in state.items():
+        mine = own[k]
+        if tuple(v.shape) == tuple(mine.shape):
+            continue
+        if (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
+                and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:]):
+            new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
+            new[:, channel_map] = v
+        elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]
+              and v.shape[1] < mine.shape[1]):
+            new = torch.zeros_like(mine, device=v.device)  # context inputs added at the end (visibility) start at 0
+            new[:, : v.shape[1]] = v
+        elif v.dim() >= 1 and v.dim() == mine.dim() and v.shape[1:] == mine.shape[1:] and v.shape[0] < mine.shape[0]:
+            new = mine.detach().clone().to(v.device)  # more outputs: the old ones first, the rest as initialised
+            new[: v.shape[0]] = v
+        else:
+            raise WeightsError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the network needs {tuple(mine.shape)}")
+        state[k] = new
+        grown.append(k)
+    model.load_state_dict(state)
+    return grown

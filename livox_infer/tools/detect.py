@@ -1,0 +1,132 @@
+"""`livox-infer detect INPUT --out detections.jsonl`: run the detector over a bag or point files, no ROS.
+
+INPUT: a rosbag2 (directory, .db3 or .mcap; PointCloud2 in any layout or Livox CustomMsg), one or
+more .pcd/.bin files, or a directory of them. One JSON line per frame:
+``{"stamp": ns, "frame_id": str, "source": str, "latency_ms": float, "timings_ms": {...},
+"sensor_height": m, "boxes": [{"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}, ...]}``.
+Optional: ``--bev-dir`` writes a bird's-eye PNG per frame, ``--out-bag`` a rosbag2 with the clouds
+and the detections (vision_msgs/Detection3DArray on /livox_infer/detections) for RViz / Foxglove.
+``--out-dir DIR`` instead of ``--out`` runs over an archive (one output per recording, a resumable
+manifest, optionally on Ray): see livox_infer/tools/fleet.py and docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
+from livox_infer.threads import add_threads_argument
+from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, save_bev_png, write_annotated
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", nargs="*", help="rosbag2 (dir/.db3/.mcap), .pcd/.bin/.npy files, or a directory of them; "
+                   "with --out-dir: directories are searched recursively and @FILE names a list of inputs")
+    p.add_argument("--out", help="detections JSONL file ('-' for stdout); or --out-dir")
+    p.add_argument("--topic", default=None, help="cloud topic in the bag (default: every cloud topic)")
+    p.add_argument("--model", default="lite", help="model config: lite, full or a YAML path")
+    p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--no-compile", action="store_true", help="run the network eagerly")
+    p.add_argument("--aoti-package", default=None, help="AOTInductor package from `livox-infer export` (instead of compiling)")
+    p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image (~2x network time)")
+    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
+    p.add_argument("--sensor-height", default="auto", help="metres from the sensor down to the ground, or 'auto'")
+    p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None,
+                   help="known mounting tilt (default: estimated from each cloud)")
+    p.add_argument("--intensity-scale", type=float, default=None, help="full-scale intensity (255 Livox, 1 for 0-1)")
+    p.add_argument("--score-threshold", type=float, default=None, help="one score threshold for every class")
+    p.add_argument("--tag-filter", default="high_confidence", choices=("off", "high_confidence", "strict"))
+    p.add_argument("--max-frames", type=int, default=None)
+    p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
+    p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
+    p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
+    add_threads_argument(p)
+    from livox_infer.tools.fleet import add_arguments as add_fleet_arguments
+
+    add_fleet_arguments(p)
+    add_rig_arguments(p)
+
+
+def add_rig_arguments(p: argparse.ArgumentParser) -> None:
+    from livox_infer.presets import SENSOR_PRESETS
+
+    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
+                   help="apply config/<sensor>.yaml as the node does (thresholds, ROI, range, tag filter, sensor "
+                        "height, grid); --device/--no-compile/--weights/--aoti-package still apply")
+    p.add_argument("--rig", default=None, help="rig YAML (docs/rigs.md): INPUT is a directory with one sub-folder "
+                   "per rig sensor; their clouds are merged into the rig's output frame and detected once")
+    p.add_argument("--accumulate-frames", type=int, default=1, help="detect on the last N frames stacked")
+    p.add_argument("--accumulate-ms", type=float, default=0.0, help="... only frames within T ms of the newest")
+
+
+def main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from livox_infer.tools import fleet
+
+    if fleet.is_batch(args):
+        return fleet.main(args)
+    if not args.input or not args.out:
+        print("livox-infer detect: give INPUT... --out FILE (one output), or --out-dir DIR (one output per input)",
+              file=sys.stderr)
+        return 2
+    writer = None
+    out = None
+    done = False
+    try:
+        from livox_infer.rig import Rig
+
+        rig = Rig.load(args.rig) if args.rig else None
+        pipe = build_pipeline(args, rig)
+        if pipe.compile_error:
+            print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
+        startup = getattr(pipe, "startup", None)  # test doubles of the pipeline have none
+        if startup is not None:
+            print(f"livox-infer detect: pipeline ready ({startup.summary()})", file=sys.stderr)
+        extent = pipe.cfg.grid.region
+        bev_dir = Path(args.bev_dir) if args.bev_dir else None
+        if bev_dir:
+            bev_dir.mkdir(parents=True, exist_ok=True)
+        if args.out_bag:
+            from livox_infer.bags import BagWriter
+
+            writer = BagWriter(args.out_bag, storage=args.out_bag_storage)
+        out = sys.stdout if args.out == "-" else open(args.out, "w")
+        n = 0
+        latencies = []
+        for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
+            if args.max_frames is not None and n >= args.max_frames:
+                break
+            det = pipe.detect(cloud)
+            latencies.append(det.timings_ms["total"])
+            out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
+            if bev_dir:
+                save_bev_png(bev_dir / f"frame_{n:06d}.png", cloud.points, det.boxes, det.label_names, det.scores,
+                             extent, f"{source} #{n}  {len(det)} boxes  {det.timings_ms['total']:.1f} ms")
+            if writer is not None:
+                write_annotated(writer, cloud, det)
+            n += 1
+        if n == 0:
+            raise PointCloudError("no point clouds found in the input")
+        lat = np.asarray(latencies)
+        print(f"{n} frames, latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms",
+              file=sys.stderr)
+        done = True
+        return 0
+    except (LivoxInferError, ConfigError) as exc:
+        print(f"livox-infer detect: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not None and out is not sys.stdout:
+            out.close()
+        if writer is not None:
+            writer.close()
+            if not done:  # an incomplete bag would only block the rerun (BagWriter never overwrites)
+                shutil.rmtree(writer.path, ignore_errors=True)

@@ -1,0 +1,174 @@
+"""What `livox-infer detect` and its archive runs share: the inputs (point files, bags, rigs), the pipeline the
+options describe, and the outputs (JSONL rows, annotated bags, BEV pictures)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from livox_infer.errors import ConfigError, PointCloudError
+from livox_infer.decode.pointcloud import Cloud
+
+
+POINT_SUFFIXES = (".pcd", ".bin", ".npy")
+
+
+DETECTIONS_TOPIC = "/livox_infer/detections"
+
+
+CLASS_COLORS = {"car": "tab:red", "pedestrian": "tab:green", "cyclist": "tab:blue"}
+
+
+def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
+    """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
+    try:
+        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    except ValueError:
+        raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+                sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
+                intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
+                tag_filter=args.tag_filter, aoti_package=args.aoti_package, test_time_flip=args.test_time_flip,
+                refine=not args.no_refine)
+    if args.sensor:
+        from livox_infer.presets import load_preset, pipeline_options
+
+        runtime = ("device", "compile", "weights", "aoti_package")  # this machine's choices, not the preset's
+        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in runtime})
+        opts["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
+    if rig is not None:
+        from livox_infer.rig import rig_pipeline_options
+
+        opts.update(rig_pipeline_options(rig))
+    return opts
+
+
+def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud]]:
+    """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated."""
+    from livox_infer.rig import FrameAssembler, read_rig_directory
+
+    frames, window = args.accumulate_frames, args.accumulate_ms
+    if rig is None and frames == 1 and window == 0:
+        yield from iter_inputs(args.input, args.topic)
+        return
+    if rig is not None:
+        if len(args.input) != 1 or not Path(args.input[0]).is_dir():
+            raise PointCloudError("with --rig, INPUT is one directory with a sub-folder per rig sensor")
+        asm = FrameAssembler(rig, frames, window)
+        for source, name, cloud in read_rig_directory(rig, args.input[0]):
+            for merged in asm.add(name, cloud):
+                yield source.split("/")[-1], merged
+        for merged in asm.flush():
+            yield "last", merged
+        return
+    from livox_infer.accumulate import Accumulator
+
+    acc = Accumulator(frames, window)  # one stream: nothing to merge (point files carry no stamps: index order)
+    for source, cloud in iter_inputs(args.input, args.topic):
+        yield source, acc.add(cloud)
+
+
+def is_bag(path: Path) -> bool:
+    return (path.is_dir() and (path / "metadata.yaml").is_file()) or path.suffix in (".db3", ".mcap")
+
+
+def iter_inputs(inputs: list[str], topic: str | None) -> Iterator[tuple[str, Cloud]]:
+    """(source name, raw Cloud) for every frame of every input, in order."""
+    from livox_infer.decode.pointfiles import read_points_file
+
+    for name in inputs:
+        path = Path(name)
+        if not path.exists():
+            raise PointCloudError(f"input not found: {path}")
+        if is_bag(path):
+            from livox_infer.bags import read_clouds
+
+            for t, cloud in read_clouds(path, topic):
+                yield t, cloud
+            continue
+        files = sorted(q for q in path.iterdir() if q.suffix.lower() in POINT_SUFFIXES) if path.is_dir() else [path]
+        if path.is_dir() and not files:
+            raise PointCloudError(f"{path} is neither a rosbag2 nor a directory with .pcd/.bin/.npy files")
+        for i, f in enumerate(files):
+            if f.suffix.lower() not in POINT_SUFFIXES:
+                raise PointCloudError(f"{f}: expected a rosbag2, .pcd, .bin or .npy file")
+            yield f.name, Cloud(read_points_file(f), stamp_ns=i, frame_id="livox_frame")
+
+
+def _box_corners(box: np.ndarray) -> np.ndarray:
+    x, y, _, l, w, _, yaw = box
+    c, s = math.cos(yaw), math.sin(yaw)
+    loc = np.array([[l / 2, w / 2], [-l / 2, w / 2], [-l / 2, -w / 2], [l / 2, -w / 2], [l / 2, w / 2]])
+    return loc @ np.array([[c, s], [-s, c]]) + [x, y]
+
+
+def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[str], scores: np.ndarray,
+                 extent: tuple[float, float, float, float], title: str = "", gt=None) -> None:
+    """Points (coloured by height) and boxes (class colour, heading tick, "cls score") seen from above.
+
+    ``gt`` = (boxes, names, ignored) adds labelled boxes, dashed (grey where ignored)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x0, x1, y0, y1 = extent
+    fig, ax = plt.subplots(figsize=(7, 7), dpi=100)
+    sel = (points[:, 0] >= x0) & (points[:, 0] <= x1) & (points[:, 1] >= y0) & (points[:, 1] <= y1)
+    p = points[sel]
+    ax.scatter(p[:, 1], p[:, 0], s=0.3, c=p[:, 2], cmap="viridis", vmin=np.percentile(p[:, 2], 2) if len(p) else 0,
+               vmax=np.percentile(p[:, 2], 98) if len(p) else 1, linewidths=0)
+    if gt is not None:
+        for box, name, ignored in zip(*gt):
+            c = _box_corners(box)
+            ax.plot(c[:, 1], c[:, 0], color="0.6" if ignored else CLASS_COLORS.get(name, "black"), lw=0.9, ls="--")
+    for box, name, score in zip(boxes, names, scores):
+        c = _box_corners(box)
+        color = CLASS_COLORS.get(name, "black")
+        ax.plot(c[:, 1], c[:, 0], color=color, lw=1.2)
+        head = box[:2] + 0.5 * box[3] * np.array([math.cos(box[6]), math.sin(box[6])])
+        ax.plot([box[1], head[1]], [box[0], head[0]], color=color, lw=1.0)
+        ax.text(box[1], box[0], f"{name[:3]} {score:.2f}", fontsize=6, color=color)
+    ax.set_xlim(y1, y0)  # y to the left, as seen from above with x up
+    ax.set_ylim(x0, x1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("y [m]")
+    ax.set_ylabel("x [m]")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def build_pipeline(args: argparse.Namespace, rig=None):
+    """The DetectionPipeline the detect options describe (also built by the archive workers, livox_infer/tools/fleet.py);
+    ``rig``: the already loaded --rig file (loaded here when not given)."""
+    from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.rig import Rig
+
+    if rig is None and getattr(args, "rig", None):
+        rig = Rig.load(args.rig)
+    return DetectionPipeline(**pipeline_kwargs(args, rig))
+
+
+def detection_row(source: str, cloud: Cloud, det) -> dict:
+    """One JSONL row: a frame's detections (the format in the module docstring)."""
+    return {
+        "stamp": int(cloud.stamp_ns), "frame_id": cloud.frame_id, "source": source,
+        "latency_ms": round(det.timings_ms["total"], 3),
+        "timings_ms": {k: round(v, 3) for k, v in det.timings_ms.items()},
+        "sensor_height": round(det.sensor_height, 3), "boxes": det.to_dicts(),
+    }
+
+
+def write_annotated(writer, cloud: Cloud, det) -> None:
+    """The cloud (xyzi PointCloud2 on /livox/lidar) and its detections into an open BagWriter."""
+    from livox_infer.decode.pointcloud import encode_pointcloud2
+
+    frame_id = cloud.frame_id or "livox_frame"
+    writer.write_cloud("/livox/lidar", encode_pointcloud2(cloud.points, "xyzi", stamp_ns=cloud.stamp_ns, frame_id=frame_id))
+    writer.write_detections(DETECTIONS_TOPIC, cloud.stamp_ns, frame_id, det.boxes, det.labels, det.scores)

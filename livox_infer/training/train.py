@@ -1,0 +1,675 @@
+"""`livox-infer train`: train the BEV detector on simulated Livox scans.
+
+Two phases, both resumable and seeded:
+
+1. dataset: simulated frames (all five sensors, "street" and "open" scenes, random mounting
+   heights) are generated once into ``<work>/data/{train,val}-NNNN.npz`` shards (points cropped to
+   the grid plus a margin, boxes, labels, sensor height). Existing shards are reused.
+2. training: each step draws a batch of frames, augments them (y-flip, rotation about z, scaling,
+   small pitch/roll, ground-height error, point dropout, intensity gain / 0-1 scale), voxelizes,
+   builds CenterPoint targets and takes an AdamW step (one-cycle LR). Every ``--val-every`` steps
+   the model is evaluated on the held-out frames (BEV AP, R40); the best weights go to ``--out``
+   (safetensors, config architecture in the metadata). ``<work>/checkpoint.safetensors`` holds
+   model + optimizer state for ``--resume``; the data order depends only on (seed, step), so a
+   resumed run sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from livox_infer.errors import ConfigError, LivoxInferError
+from livox_infer.detector.boxes import points_in_boxes
+from livox_infer.detector.config import ModelConfig
+from livox_infer.evaluation.metrics import FrameBoxes, evaluate
+from livox_infer.evaluation.options import parse_sim_options
+from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
+from livox_infer.training.losses import detection_loss
+from livox_infer.detector.network import build_model
+from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
+from livox_infer.detector.postprocess import select_detections, topk_decode
+from livox_infer.detector.refine import (
+    first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
+)
+from livox_infer.training.targets import build_targets
+from livox_infer.detector.weights import save_weights
+from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference
+
+log = logging.getLogger("livox_infer.train")
+
+SENSOR_NAMES = ("mid40", "mid70", "tele15", "horizon", "avia")
+SCENE_KINDS = ("street", "open")
+SHARD_FRAMES = 50
+TRAIN_MIN_POINTS = 3  # boxes with fewer points after augmentation get no target (invisible)
+VAL_MIN_POINTS = 5  # as `livox-infer eval`'s default
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class Frame:
+    points: np.ndarray  # (N, 4) f32, sensor frame, no-returns dropped, cropped to the grid + margin
+    boxes: np.ndarray  # (M, 7) f32 sensor frame
+    labels: np.ndarray  # (M,) int64
+    sensor_height: float  # metres to the ground plane
+    up: np.ndarray  # (3,) ground-plane normal in the sensor frame
+    sensor: str
+
+    @property
+    def mount(self) -> Mount:
+        return Mount(float(self.sensor_height), tuple(float(v) for v in self.up))
+
+
+def simulate_training_frame(sensor: str, seed: int, kind: str, **sim_options: Any) -> Frame:
+    """One simulated frame of a fresh scene ``kind`` for ``sensor``.
+
+    The mount (ground height and tilt) is estimated from the cloud as the pipeline's "auto" mode
+    does, so training sees the same levelling as inference; when that fails, the simulator's true
+    mount (sensor height, world up from the pose) is used."""
+    import warnings
+
+    from livox_infer.sim.simulate import simulate_frame
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f = simulate_frame(sensor, seed, scene=kind, **sim_options)
+    pts = np.asarray(f.points, np.float32)
+    keep = np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
+    pts = pts[keep]
+    est = estimate_mount(pts)
+    if est is None or abs(est.height - f.sensor_height) > 0.5:
+        est = Mount(float(f.sensor_height), tuple(float(v) for v in np.asarray(f.pose)[2, :3]))
+    return Frame(pts, np.asarray(f.boxes, np.float32).reshape(-1, 7), np.asarray(f.labels, np.int64),
+                 est.height, np.asarray(est.up, np.float32), sensor)
+
+
+def _crop(points: np.ndarray, cfg: ModelConfig, margin: float = 8.0) -> np.ndarray:
+    g = cfg.grid
+    m = (points[:, 0] > g.x_range[0] - margin) & (points[:, 0] < g.x_range[1] + margin)
+    m &= (points[:, 1] > g.y_range[0] - margin) & (points[:, 1] < g.y_range[1] + margin)
+    return np.ascontiguousarray(points[m])
+
+
+def shard_path(data_dir: Path, split: str, index: int) -> Path:
+    return data_dir / f"{split}-{index:04d}.npz"
+
+
+def frame_spec(split: str, i: int, seed: int, sensors: tuple[str, ...] = SENSOR_NAMES) -> tuple[str, int, str]:
+    """(sensor, sim seed, scene kind) of frame i: sensors and scene kinds interleave evenly."""
+    sensor = sensors[i % len(sensors)]
+    kind = SCENE_KINDS[(i // len(sensors)) % len(SCENE_KINDS)]
+    base = 1_000_000 if split == "train" else 9_000_000  # disjoint seed ranges: val scenes are unseen
+    return sensor, base + seed * 100_003 + i, kind
+
+
+def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig,
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> Path:
+    frames = []
+    for j in range(SHARD_FRAMES):
+        i = index * SHARD_FRAMES + j
+        sensor, sim_seed, kind = frame_spec(split, i, seed, sensors)
+        f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
+        f.points = _crop(f.points, cfg)
+        frames.append(f)
+    counts = np.array([f.points.shape[0] for f in frames], np.int64)
+    nbox = np.array([f.boxes.shape[0] for f in frames], np.int64)
+    out = shard_path(data_dir, split, index)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(
+        tmp,
+        points=np.concatenate([f.points for f in frames]) if frames else np.zeros((0, 4), np.float32),
+        counts=counts,
+        boxes=np.concatenate([f.boxes for f in frames]).reshape(-1, 7),
+        labels=np.concatenate([f.labels for f in frames]),
+        nbox=nbox,
+        sensor_height=np.array([f.sensor_height for f in frames], np.float32),
+        up=np.array([f.up for f in frames], np.float32).reshape(-1, 3),
+        sensor=np.array([f.sensor for f in frames]),
+    )
+    tmp.replace(out)
+    return out
+
+
+def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
+    frames: list[Frame] = []
+    for k in range(n_shards):
+        p = shard_path(data_dir, split, k)
+        with np.load(p, allow_pickle=False) as z:
+            pts, counts, boxes, labels, nbox = z["points"], z["counts"], z["boxes"], z["labels"], z["nbox"]
+            hs, ups, sensors = z["sensor_height"], z["up"], z["sensor"]
+        po = np.r_[0, np.cumsum(counts)]
+        bo = np.r_[0, np.cumsum(nbox)]
+        for j in range(len(counts)):
+            frames.append(Frame(pts[po[j] : po[j + 1]], boxes[bo[j] : bo[j + 1]], labels[bo[j] : bo[j + 1]],
+                                float(hs[j]), ups[j], str(sensors[j])))
+    return frames
+
+
+def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig,
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> list[Frame]:
+    from tqdm import tqdm
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = max(1, math.ceil(n_frames / SHARD_FRAMES))
+    todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
+    if todo:
+        for k in tqdm(todo, desc=f"simulating {split} ({SHARD_FRAMES} frames/shard)", unit="shard"):
+            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors)
+    return load_shards(data_dir, split, n_shards)[:n_frames]
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+def _rot_z(a: float) -> np.ndarray:
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]], np.float64)
+
+
+@dataclass(frozen=True)
+class IntensityAugment:
+    """How training varies the intensity channel. Real sensors and firmware differ in scale and curve
+    (real_dev medians: KITTI 66, Argoverse 2 12, Livox Horizon 14, the simulator ~15 of 255), so the
+    detector must not rely on one: ``drop`` = share of frames with intensity zeroed (what the pipeline
+    feeds with ``use_intensity: false``), ``gain`` = log-uniform per-frame gain range, ``gamma`` = range of
+    a per-frame power curve on the 0..1 value. The defaults are the original (pre-2026-12-03) augmentation."""
+
+    drop: float = 0.0
+    gain: tuple[float, float] = (0.7, 1.3)
+    gamma: tuple[float, float] = (1.0, 1.0)
+    log_gain: bool = False
+
+
+def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
+            intensity: IntensityAugment = IntensityAugment()):
+    """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
+    would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
+    learns to tolerate an imperfect sensor_height or ground estimate."""
+    pts = frame.points.copy()
+    boxes = frame.boxes.astype(np.float64).copy()
+    labels = frame.labels.copy()
+    up = frame.up.astype(np.float64).copy()
+    if rng.random() < 0.5:  # mirror left/right
+        pts[:, 1] *= -1
+        boxes[:, 1] *= -1
+        boxes[:, 6] *= -1
+        up[1] *= -1
+    yaw = rng.uniform(-0.2, 0.2) * strength  # stays within the forward FOVs
+    rot = _rot_z(yaw)
+    scale = rng.uniform(0.95, 1.05) if strength else 1.0
+    pts[:, :3] = (pts[:, :3].astype(np.float64) @ rot.T * scale).astype(np.float32)
+    boxes[:, :3] = boxes[:, :3] @ rot.T * scale
+    boxes[:, 3:6] *= scale
+    boxes[:, 6] = np.remainder(boxes[:, 6] + yaw + math.pi, 2 * math.pi) - math.pi
+    up = rot @ up
+    height = frame.sensor_height * scale
+    keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
+    pts = pts[keep]
+    if intensity.drop and rng.random() < intensity.drop:
+        pts[:, 3] = 0.0
+    elif rng.random() < 0.1:
+        pts[:, 3] /= 255.0  # a 0..1-intensity driver read with the 0..255 setting
+    elif intensity.log_gain:
+        gain = math.exp(rng.uniform(math.log(intensity.gain[0]), math.log(intensity.gain[1])))
+        gamma = rng.uniform(*intensity.gamma)
+        pts[:, 3] = np.clip(255.0 * (np.clip(pts[:, 3], 0, 255) / 255.0) ** gamma * gain, 0, 255)
+    else:
+        pts[:, 3] = np.clip(pts[:, 3] * rng.uniform(*intensity.gain), 0, 255)
+    # what the pipeline would be told / estimate: slightly wrong tilt and height
+    tilt_err = Mount.from_pitch_roll(0.0, rng.uniform(-0.6, 0.6) * strength, rng.uniform(-0.4, 0.4) * strength)
+    up = levelling_rotation(np.asarray(tilt_err.up)).T @ up
+    told = Mount(float(height + rng.uniform(-0.3, 0.3) * strength), tuple(float(v) for v in up / np.linalg.norm(up)))
+    return pts, boxes.astype(np.float32), labels, told
+
+
+def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
+            paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
+            intensity: IntensityAugment = IntensityAugment()):
+    """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
+
+    With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
+    if rng is None:
+        pts, boxes, labels, mount = frame.points, frame.boxes, frame.labels, frame.mount
+    else:
+        if paste_db is not None:
+            frame = paste_objects(frame, paste_db, rng)
+        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity)
+    levelled = level_points(pts, mount)
+    if not cfg.use_intensity:  # as the pipeline feeds such a model
+        levelled[:, 3] = 0.0
+    boxes = level_boxes(boxes, mount)
+    npts = points_in_boxes(levelled, boxes)
+    bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
+    visible = npts >= TRAIN_MIN_POINTS
+    t = build_targets(boxes[visible], labels[visible], cfg, neighbour_weight)
+    return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts, levelled
+
+
+class BatchStream(torch.utils.data.IterableDataset):
+    """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step).
+
+    Yields (step, bev (B,C,H,W), stacked targets, scene), scene = None, or with ``with_scene`` one
+    (levelled points (N,4), levelled GT boxes (M,7), GT labels (M,)) tuple per frame (stage-2 training)."""
+
+    def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
+                 paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False,
+                 intensity: IntensityAugment = IntensityAugment()):
+        self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
+        self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
+        self.intensity = intensity
+
+    def __iter__(self):
+        torch.set_num_threads(1)
+        consts = ReferenceConstants(self.cfg.grid)
+        for step in range(self.start, self.total):
+            rng = np.random.default_rng([self.seed, step])
+            idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
+            bevs, tgts, scene = [], [], []
+            for i in idx:
+                bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
+                                                           self.neighbour_weight, self.intensity)
+                bevs.append(bev)
+                tgts.append(t)
+                if self.with_scene:
+                    scene.append((torch.from_numpy(points), torch.from_numpy(np.asarray(boxes, np.float32)),
+                                  torch.from_numpy(np.asarray(labels, np.int64))))
+            yield (step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]},
+                   scene if self.with_scene else None)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@torch.no_grad()
+def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], device: torch.device,
+                   score_floor: float = 0.05, refine: bool = False):
+    """Detections (ground-relative frame) and GT for validation, with low thresholds for a full PR curve;
+    ``refine``: through the network's stage-2 refiner too, as the pipeline runs it."""
+    consts = ReferenceConstants(cfg.grid)
+    was_training = net.training
+    net.eval()
+    dets, gts = [], []
+    for f in frames:
+        bev, _, boxes, labels, npts, points = prepare(f, None, cfg, consts)
+        heads = net(bev[None].to(device))
+        s, l, b = (t[0] for t in topk_decode(heads, cfg))
+        if refine:
+            s, l, b = refine_candidates(net.refiner, cfg.refine, cfg.num_classes, torch.from_numpy(points).to(device),
+                                        s, l, b, cfg.grid.intensity_scale)
+        s, l, b = select_detections(s.cpu(), l.cpu(), b.cpu(), [score_floor] * cfg.num_classes,
+                                    cfg.nms_iou, cfg.max_detections, cfg.cross_class_iou)
+        dets.append(FrameBoxes(b.numpy(), l.numpy(), s.numpy()))
+        gts.append(FrameBoxes(boxes, labels, None, npts))
+    net.train(was_training)
+    return dets, gts
+
+
+def validate(net, cfg, frames, device, refine: bool = False) -> dict[str, Any]:
+    dets, gts = predict_frames(net, cfg, frames, device, refine=refine)
+    region = cfg.grid.region
+    res = evaluate(dets, gts, cfg.classes, VAL_MIN_POINTS, region, metrics=("bev",))
+    return {"ap": res.ap, "num_gt": res.num_gt}
+
+
+def val_score(v: dict[str, Any]) -> float:
+    """Model selection: mean of car BEV AP@0.7 and pedestrian/cyclist BEV AP@0.5 (nan counts as 0)."""
+    vals = [v["ap"]["car"]["bev@0.7"], v["ap"]["pedestrian"]["bev@0.5"], v["ap"]["cyclist"]["bev@0.5"]]
+    return float(np.mean([0.0 if math.isnan(x) else x for x in vals]))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path: Path, net, opt, cfg: ModelConfig, step: int, best: float, args_json: str) -> None:
+    """Model + AdamW state as safetensors (no pickle); scalars in the metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    params = [p for grp in opt.param_groups for p in grp["params"]]
+    opt_steps = {}
+    for i, p in enumerate(params):
+        st = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                tensors[f"opt.{i}.{key}"] = st[key].detach().cpu().contiguous()
+        if "step" in st:
+            opt_steps[i] = float(st["step"])
+    meta = {"step": str(step), "best": repr(best), "arch": cfg.architecture_hash(), "args": args_json,
+            "opt_steps": json.dumps(opt_steps)}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("arch") != cfg.architecture_hash():
+        raise ConfigError(f"checkpoint {path} belongs to another model config; delete it or use its config")
+    t = load_file(str(path))
+    net.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
+    params = [p for grp in opt.param_groups for p in grp["params"]]
+    steps = {int(k): v for k, v in json.loads(meta.get("opt_steps", "{}")).items()}
+    for i, p in enumerate(params):
+        if f"opt.{i}.exp_avg" in t:
+            opt.state[p] = {  # empty_like keeps the parameter's memory format (channels_last)
+                "step": torch.tensor(steps.get(i, 0.0)),
+                "exp_avg": torch.empty_like(p).copy_(t[f"opt.{i}.exp_avg"]),
+                "exp_avg_sq": torch.empty_like(p).copy_(t[f"opt.{i}.exp_avg_sq"]),
+            }
+    return int(meta["step"]), float(meta.get("best", "-inf"))
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+STAGES = ("detector", "refine")
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for training (None: plain fp32). "auto" picks bfloat16 where it is fast: a CUDA
+    GPU that supports it, or a CPU with AMX tiles (Sapphire Rapids and newer), where oneDNN's bf16
+    convolutions ran the lite network's training step 2.4x faster than fp32 (docs/detector.md); fp32
+    elsewhere. Weights, optimizer state, BatchNorm statistics and the losses stay fp32 either way."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return torch.bfloat16 if device.type == "cpu" and amx() else None
+
+
+def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch.Tensor], cfg: ModelConfig,
+               amp_dtype: torch.dtype | None = None, corner_weight: float = 0.0):
+    """Training loss of a batch: the network in channels_last, under autocast when ``amp_dtype`` is set
+    (see `resolve_precision`), the losses on its outputs in fp32."""
+    bev = bev.contiguous(memory_format=torch.channels_last)
+    with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        heads = net(bev)
+    heads = {k: v.float() for k, v in heads.items()}
+    return detection_loss(heads, targets, corner_weight=corner_weight, cell_size=cfg.head_cell_size)
+
+
+def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
+                      amp_dtype: torch.dtype | None = None, box_beta: float = 0.02, passes: int = 1):
+    """Stage-2 training loss of a batch: the frozen detector (eval mode, no gradients) proposes its first
+    ``refine.rois`` candidates per frame, the refiner (training mode) scores and refines them against the
+    frame's ground truth (`refine.refine_loss`). ``passes`` > 1 also trains on the boxes that the current
+    refiner (eval mode, no gradients) makes of them, as inference's later passes see them."""
+    rc = cfg.refine
+    with torch.no_grad():
+        bev = bev.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            heads = net(bev)
+        scores, labels, boxes = topk_decode({k: v.float() for k, v in heads.items()}, cfg, max(cfg.top_k, rc.rois))
+    parts = {name: [] for name in ("feats", "valid", "context", "iou", "matched", "labels", "boxes")}
+    for b, (points, gt_boxes, gt_labels) in enumerate(scene):
+        sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
+        points, gt_boxes, gt_labels = points.to(bev.device), gt_boxes.to(bev.device), gt_labels.to(bev.device)
+        hits = first_hit_map(points) if rc.visibility else None
+        for k in range(passes):
+            if k:  # the previous pass's inputs through the current refiner, as `refine_candidates` does
+                was_training = net.refiner.training
+                net.refiner.eval()  # no BatchNorm statistics from these extra forward passes
+                with torch.no_grad():
+                    bx = next_boxes(bx, net.refiner(feats, valid, context)[1], valid)
+                net.refiner.train(was_training)
+            feats, valid = roi_point_features(points, bx, rc.points, rc.margin, cfg.grid.intensity_scale)
+            context = refiner_context(rc, cfg.num_classes, sc, lab, bx, hits)
+            iou, matched = match_candidates(bx, lab, gt_boxes, gt_labels)
+            for name, t in zip(parts, (feats, valid, context, iou, matched, lab, bx)):
+                parts[name].append(t)
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
+    return refine_loss(iou_logit, residual, cat["boxes"], cat["labels"], cat["iou"], cat["matched"], cfg.classes,
+                       box_beta)
+
+
+def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
+    """Linear warm-up over the first 5 % of training, then cosine decay to 2 % of the peak."""
+    if progress < warmup:
+        return peak * (0.1 + 0.9 * progress / warmup)
+    t = (progress - warmup) / (1 - warmup)
+    return peak * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors "
+                                               "(models/ is written only when named here)")
+    p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
+    p.add_argument("--train-frames", type=int, default=2000)
+    p.add_argument("--val-frames", type=int, default=100)
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-every", type=int, default=500)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="training arithmetic: bf16 autocast (fp32 master weights) or fp32; auto = bf16 on a GPU "
+                        "that supports it or a CPU with AMX, else fp32. Validation always runs in fp32")
+    p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
+    p.add_argument("--init", default=None, help="start from these weights instead of random (same config, or "
+                                                "the same network without the IoU head)")
+    p.add_argument("--stage", default="detector", choices=STAGES,
+                   help="detector: train the BEV network; refine: train only the stage-2 refiner of a config with "
+                        "a refine section, on the candidates of the trained detector given by --init (frozen)")
+    p.add_argument("--refine-box-beta", type=float, default=0.02,
+                   help="--stage refine: smooth-L1 beta of the box residual loss. Residuals are in box lengths, so "
+                        "a car's 0.2-0.3 m errors are ~0.05: at beta 0.1 they sat in the weak quadratic part "
+                        "(0.02: validation car AP@0.7 +0.03, docs/detector.md)")
+    p.add_argument("--refine-train-passes", type=int, default=None, choices=(1, 2, 3, 4),
+                   help="--stage refine: also train on the refiner's own refined boxes, as inference's later "
+                        "passes see them (default: the config's refine.passes)")
+    p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
+    p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
+    p.add_argument("--paste-probability", type=float, default=0.6,
+                   help="share of training frames that get objects pasted in from other frames (0 = off)")
+    p.add_argument("--neighbour-weight", type=float, default=0.0,
+                   help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
+                        "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
+    p.add_argument("--corner-weight", type=float, default=0.0,
+                   help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
+                        "default: with uncertain yaw it biases box sizes, docs/detector.md)")
+    p.add_argument("--sensors", default=",".join(SENSOR_NAMES),
+                   help="comma-separated sensors newly generated shards cycle through: the five Livox models and "
+                        "the spinning training proxies hdl64, vlp32, os64 (sim/sensors.py PROXY_SENSORS)")
+    p.add_argument("--intensity-drop", type=float, default=0.0,
+                   help="share of training frames whose intensity is zeroed (robustness to sensors whose intensity "
+                        "differs from the simulator's, and the input of configs with use_intensity: false)")
+    p.add_argument("--intensity-gain", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
+    p.add_argument("--intensity-gamma", type=float, nargs=2, default=(1.0, 1.0), metavar=("LOW", "HIGH"),
+                   help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
+                        "(to choose among them on other data, e.g. livox-infer eval --real)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help="train for this many minutes of wall time: progress (and the LR schedule) is then "
+                        "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return _train(args)
+    except LivoxInferError as exc:
+        print(f"livox-infer train: {exc}", file=sys.stderr)
+        return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from livox_infer.voxelize.voxelizer import resolve_device
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    cfg = ModelConfig.load(args.config)
+    device = resolve_device(args.device)
+    work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
+    # never over the shipped weights unless asked to (--out models/lite.safetensors): the best weights go
+    # into the work dir by default
+    out = Path(args.out) if args.out else work / f"{cfg.name}.best.safetensors"
+    t_start = time.time()
+    sim_options = parse_sim_options(args.sim_option)
+    sensors = tuple(x.strip() for x in str(args.sensors).split(",") if x.strip())
+    from livox_infer.sim.sensors import get_sensor
+
+    for name in sensors:
+        get_sensor(name)  # ConfigError for an unknown name, before any shard is simulated
+    if not sensors:
+        raise ConfigError("--sensors names no sensor")
+    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options, sensors)
+    val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg, sensors=sensors)
+    log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
+             time.time() - t_start)
+    if args.data_only:
+        return 0
+
+    amp_dtype = resolve_precision(args.precision, device)
+    # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
+    net = build_model(cfg).to(device).to(memory_format=torch.channels_last)
+    refining = args.stage == "refine"
+    if refining:
+        if cfg.refine is None:
+            raise ConfigError(f"--stage refine needs a model config with a refine section ({cfg.source or cfg.name} has none)")
+        if not args.init and not (args.resume and (work / "checkpoint.safetensors").is_file()):
+            raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
+        net.requires_grad_(False)
+        net.refiner.requires_grad_(True)
+    elif cfg.refine is not None:
+        log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
+                    "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
+    trained = net.refiner if refining else net
+    opt = torch.optim.AdamW(trained.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    ckpt = work / "checkpoint.safetensors"
+    start, best = 0, -math.inf
+    if args.init:
+        from livox_infer.detector.weights import warm_start
+
+        grown = warm_start(net, cfg, args.init, map_location=str(device))
+        log.info("initialised from %s%s", args.init,
+                 f" ({len(grown)} tensors grown or added: {', '.join(grown[:4])}{', ...' if len(grown) > 4 else ''})"
+                 if grown else "")
+    if args.resume and ckpt.is_file():
+        start, best = load_checkpoint(ckpt, net, opt, cfg)
+        log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
+    log.info("training on %s, %s arithmetic, %d threads", device, "bf16 autocast" if amp_dtype else "fp32",
+             torch.get_num_threads())
+    args_json = json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}, sort_keys=True)
+    paste_db = None
+    if args.paste_probability > 0:
+        t0 = time.time()
+        paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=args.paste_probability),
+                                  seed=args.seed)
+        log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
+                 ", ".join(cfg.classes), time.time() - t0)
+    if not (0.0 <= args.intensity_drop <= 1.0):
+        raise ConfigError("--intensity-drop must be in [0, 1]")
+    intensity = IntensityAugment(drop=args.intensity_drop)
+    if args.intensity_gain is not None:
+        lo, hi = args.intensity_gain
+        if not (0 < lo <= hi):
+            raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
+        intensity = IntensityAugment(drop=args.intensity_drop, gain=(lo, hi), gamma=tuple(args.intensity_gamma),
+                                     log_gain=True)
+    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight,
+                         with_scene=refining, intensity=intensity)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
+                                         prefetch_factor=4 if args.workers else None)
+    history = []
+    t_loop = time.time()
+    budget_s = args.time_budget * 60 if args.time_budget else None
+    if start and budget_s:  # a resumed budgeted run continues its progress where it stopped
+        budget_s = max(60.0, budget_s * (1 - start / args.steps))
+    if refining and start == 0:
+        v = validate(net, cfg, val_frames, device)
+        log.info("detector alone (no refiner): val score %.3f, BEV AP %s", val_score(v),
+                 {c: {k: round(x, 3) for k, x in a.items()} for c, a in v["ap"].items()})
+    net.train(not refining)  # stage 2 keeps the detector in eval mode (BatchNorm statistics frozen)
+    if refining:
+        net.refiner.train()
+    bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
+    ema = None
+    step = start
+    progress = start / args.steps
+    for step, bev, tgt, scene in bar:
+        progress = step / args.steps
+        if budget_s:
+            progress = max(progress, (time.time() - t_loop) / budget_s)
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(progress, args.lr)
+        bev = bev.to(device, non_blocking=True)
+        tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
+        if refining:
+            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, args.refine_box_beta,
+                                             args.refine_train_passes or cfg.refine.passes)
+        else:
+            loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, args.corner_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
+        opt.step()
+        ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
+        bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
+        done = step + 1
+        out_of_time = progress >= 1.0
+        if done % args.val_every == 0 or done == args.steps or out_of_time:
+            v = validate(net, cfg, val_frames, device, refine=refining)
+            if refining:
+                net.train(False)
+                net.refiner.train()
+            score = val_score(v)
+            ap = v["ap"]
+            log.info(
+                "step %d loss %s | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
+                done, " ".join(f"{k} {x:.3f}" for k, x in ema.items()), ap["car"]["bev@0.7"],
+                ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
+            )
+            history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
+            if score > best:
+                best = score
+                save_weights(net, cfg, out, extra={
+                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
+                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
+                })
+                log.info("saved best weights to %s", out)
+            if args.keep_checkpoints:
+                save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra={
+                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
+                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
+                })
+            save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
+            with open(work / "history.jsonl", "a") as f:
+                f.write(json.dumps(history[-1]) + "\n")
+        if out_of_time:
+            log.info("--time-budget used up at step %d", done)
+            break
+    log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
+    return 0
