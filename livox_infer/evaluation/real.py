@@ -261,7 +261,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
 def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], classes: Sequence[str], out_dir: Path,
                        fov: float, max_range: float) -> list[Path]:
     """One BEV PNG per view: points, labelled boxes (dashed; grey = ignored) and detections (solid)."""
-    from livox_infer.tools.detect_io import save_bev_png
+    from livox_infer.tools.bev_plot import save_bev_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
