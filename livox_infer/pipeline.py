@@ -434,13 +434,10 @@ class DetectionPipeline:
         t1 = time.perf_counter()
         mount = self.current_mount(cloud.points)
         t_ground = time.perf_counter()
-        pts = torch.from_numpy(cloud.points).to(self.device)
         # level + shift so the ground is at z ~ 0 (a copy: the caller's array is untouched)
-        rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
-        xyz = pts[:, :3] @ rot.T if mount.up != (0.0, 0.0, 1.0) else pts[:, :3]
-        xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
-        # use_intensity false: the detector was trained not to rely on a sensor's intensity scale
-        levelled = torch.cat([xyz, pts[:, 3:4] if self.cfg.use_intensity else torch.zeros_like(pts[:, 3:4])], dim=1)
+        levelled = level_points(torch.from_numpy(cloud.points).to(self.device), mount)
+        if not self.cfg.use_intensity:  # the detector was trained not to rely on a sensor's intensity scale
+            levelled[:, 3] = 0.0
         bev = self.voxelizer(levelled)
         self._input.copy_(bev[None])
         self._sync()
