@@ -173,7 +173,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     from vision_msgs.msg import Detection3DArray
 
     from livox_infer.bags import read_clouds, read_detections
-    from livox_infer.ros.node import DetectorNode, create_executor, params_file_for
+    from livox_infer.ros.node import DetectorNode, create_executor, params_files_for
     from livox_infer.ros.replay import BagReplayer, cdr_header_stamp_ns
     from livox_infer.ros.messages import msg_to_arrays
 
@@ -196,7 +196,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
         overrides = [Parameter("device", value=device), Parameter("use_compile", value=use_compile)]
         overrides += [Parameter(k, value=v) for k, v in (("model", model), ("weights", weights)) if v]
         node = DetectorNode(pipeline_factory=pipeline_factory, context=ctx,
-                            cli_args=["--ros-args", "--params-file", params_file_for(sensor)],
+                            cli_args=["--ros-args", *(x for f in params_files_for(sensor) for x in ("--params-file", f))],
                             parameter_overrides=overrides)
         trained = not str(getattr(node.pipeline, "weights_meta", {}).get("trained", "yes")).startswith("no")
         region = detection_region(node.pipeline)
