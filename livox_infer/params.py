@@ -271,11 +271,13 @@ CLI_OPTIONS = ("model", "weights", "compile", "device", "sensor", "sensor_height
 
 
 def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_OPTIONS,
-                    **defaults: Any) -> None:
+                    helps: Mapping[str, str] | None = None, **defaults: Any) -> None:
     """The options the commands share, one spelling each: --model, --weights, --compile/--no-compile, --device,
     --sensor, --sensor-height, --threads; defaults from the table unless a command passes its own (None =
-    "not given": the preset's value applies)."""
+    "not given": the preset's value applies); ``helps`` replaces an option's help text."""
+    helps = helps or {}
     for name in names:
+        before = len(parser._actions)
         if name == "model":
             parser.add_argument("--model", default=defaults.get("model", DEFAULTS["model"]),
                                 help="model config: lite, full or a YAML path (default %(default)s)")
@@ -304,3 +306,5 @@ def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_
             add_threads_argument(parser, default=defaults.get("threads", DEFAULT_THREADS))
         else:
             raise ValueError(f"no shared CLI option {name!r}; shared: {CLI_OPTIONS}")
+        if name in helps:
+            parser._actions[before].help = helps[name]
