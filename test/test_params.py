@@ -196,6 +196,8 @@ def test_bench_pipeline_takes_the_shared_options():
     argv = ["bench", "pipeline", *[a for a in SHARED if a != "--no-compile"], "--sensor", "mid40"]
     args = build_parser(argv).parse_args(argv)
     assert (args.model, args.device, args.sensor, args.sensor_height, args.threads) == ("full", "cpu", "mid40", 1.5, 2)
+    for argv in (["export", "--model", "full"], ["export", "--config", "full"]):
+        assert build_parser(argv).parse_args(argv).model == "full"
     for argv, compiled in ((["bench", "startup", "--no-compile"], False), (["bench", "startup", "--use-compile", "true"],
                            True), (["bench", "fleet", "archive", "--compile"], True), (["bench", "fleet", "archive"], False)):
         assert build_parser(argv).parse_args(argv).compile is compiled, argv
