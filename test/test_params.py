@@ -126,6 +126,11 @@ def test_sensor_height_has_one_encoding_and_range():
         with pytest.raises(ConfigError, match=r"metres in \[0.0, 9.5\] or 'auto'"):
             parse_sensor_height(bad)
     assert BY_NAME["sensor_height"].range == (0.0, 9.5)
+    from livox_infer.rig import Rig
+
+    rig = yaml.safe_load((CONFIG / "rigs" / "livox_dataset_v1.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"rig: sensor_height must be metres in \[0.0, 9.5\]"):
+        Rig.from_dict({**rig, "sensor_height": 12.0})
 
 
 def test_pipeline_update_uses_the_table_range(small_model):  # noqa: F811

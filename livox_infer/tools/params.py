@@ -130,7 +130,8 @@ def markdown() -> str:
            "parameter file, or `ros2 param set` at run time (the last column says what a change does).", "",
            "| parameter | type | default | range / choices | change | meaning |", "|---|---|---|---|---|---|"]
     for p in PARAMS:
-        out.append(f"| `{p.name}` | {p.type} | {_md(p.default)} | {_limits(p)} | {_applies(p)} | {p.doc} |")
+        doc = p.doc.replace("<", "&lt;").replace(">", "&gt;")  # config/<sensor>... is not an HTML tag
+        out.append(f"| `{p.name}` | {p.type} | {_md(p.default)} | {_limits(p)} | {_applies(p)} | {doc} |")
     out += ["", "## Per-class score thresholds", "",
             "The node declares `score_threshold_<class>` (double, [0, 1], in place) for each class of the loaded "
             "model; the default is the model config's `score_thresholds` (the one owner of these numbers):", "",
