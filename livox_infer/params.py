@@ -270,6 +270,31 @@ def _sensor_height_arg(text: str) -> float | str:
 CLI_OPTIONS = ("model", "weights", "compile", "device", "sensor", "sensor_height", "threads")
 
 
+def _cli_option(name: str, defaults: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(flag, add_argument keywords) of a shared option."""
+    if name == "model":
+        return "--model", dict(default=defaults.get("model", DEFAULTS["model"]),
+                               help="model config: lite, full or a YAML path (default %(default)s)")
+    if name == "weights":
+        return "--weights", dict(default=defaults.get("weights"), help="safetensors weights (default: the model config's)")
+    if name == "compile":
+        return "--compile", dict(action=argparse.BooleanOptionalAction,
+                                 default=defaults.get("compile", DEFAULTS["use_compile"]),
+                                 help=f"{BY_NAME['use_compile'].doc} (default %(default)s)")
+    if name == "device":
+        return "--device", dict(default=defaults.get("device", DEFAULTS["device"]), choices=DEVICES,
+                                help="compute device (default %(default)s)")
+    if name == "sensor":
+        return "--sensor", dict(default=defaults.get("sensor", DEFAULTS["sensor"]), choices=SENSOR_PRESETS,
+                                help=f"{BY_NAME['sensor'].doc} (default %(default)s)")
+    if name == "sensor_height":
+        lo, hi = SENSOR_HEIGHT_RANGE
+        return "--sensor-height", dict(type=_sensor_height_arg, default=defaults.get("sensor_height", "auto"),
+                                       help=f"metres from the sensor down to the ground ([{lo}, {hi}]), or 'auto': "
+                                            "estimated per cloud (default %(default)s)")
+    raise ValueError(f"no shared CLI option {name!r}; shared: {CLI_OPTIONS}")
+
+
 def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_OPTIONS,
                     helps: Mapping[str, str] | None = None, **defaults: Any) -> None:
     """The options the commands share, one spelling each: --model, --weights, --compile/--no-compile, --device,
@@ -277,34 +302,10 @@ def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_
     "not given": the preset's value applies); ``helps`` replaces an option's help text."""
     helps = helps or {}
     for name in names:
-        before = len(parser._actions)
-        if name == "model":
-            parser.add_argument("--model", default=defaults.get("model", DEFAULTS["model"]),
-                                help="model config: lite, full or a YAML path (default %(default)s)")
-        elif name == "weights":
-            parser.add_argument("--weights", default=defaults.get("weights"),
-                                help="safetensors weights (default: the model config's)")
-        elif name == "compile":
-            parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                                default=defaults.get("compile", DEFAULTS["use_compile"]),
-                                help=f"{BY_NAME['use_compile'].doc} (default %(default)s)")
-        elif name == "device":
-            parser.add_argument("--device", default=defaults.get("device", DEFAULTS["device"]), choices=DEVICES,
-                                help="compute device (default %(default)s)")
-        elif name == "sensor":
-            parser.add_argument("--sensor", default=defaults.get("sensor", DEFAULTS["sensor"]),
-                                choices=SENSOR_PRESETS, help=f"{BY_NAME['sensor'].doc} (default %(default)s)")
-        elif name == "sensor_height":
-            lo, hi = SENSOR_HEIGHT_RANGE
-            parser.add_argument("--sensor-height", type=_sensor_height_arg,
-                                default=defaults.get("sensor_height", "auto"),
-                                help=f"metres from the sensor down to the ground ([{lo}, {hi}]), or 'auto': "
-                                     "estimated per cloud (default %(default)s)")
-        elif name == "threads":
+        if name == "threads":
             from livox_infer.threads import add_threads_argument
 
             add_threads_argument(parser, default=defaults.get("threads", DEFAULT_THREADS))
-        else:
-            raise ValueError(f"no shared CLI option {name!r}; shared: {CLI_OPTIONS}")
-        if name in helps:
-            parser._actions[before].help = helps[name]
+            continue
+        flag, kwargs = _cli_option(name, defaults)
+        parser.add_argument(flag, **{**kwargs, "help": helps.get(name, kwargs["help"])})
