@@ -27,9 +27,7 @@ from livox_infer.decode.pointcloud import check_pointcloud2
 from livox_infer.bags import pointcloud2_from_cdr
 from livox_infer.threads import apply_threads
 from livox_infer import params as param_model
-from livox_infer.params import (  # noqa: F401 - re-exported: one definition
-    DEVICES, INPUT_TYPES, PARAMS, REBUILD, SENSOR_PRESETS, TAG_FILTER_MODES, Param, pipeline_options,
-)
+from livox_infer.params import PARAMS, REBUILD, Param, pipeline_options
 
 NODE_NAME = "livox_detector"
 

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from livox_infer.errors import ConfigError, PointCloudError
+from livox_infer.errors import PointCloudError
 from livox_infer.decode.pointcloud import Cloud
 
 
