@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
-from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, TAG_FILTER_MODES
 from livox_infer.errors import ConfigError
 from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
-TAG_FILTER_MODES = ("off", "high_confidence", "strict")
 INPUT_TYPES = ("pointcloud2", "custom_msg")
 SENSOR_HEIGHT_RANGE = (0.0, 9.5)  # metres; a roof or mast mount, never below the ground
 SCORE_THRESHOLD_PREFIX = "score_threshold_"

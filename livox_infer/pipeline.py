@@ -42,7 +42,7 @@ from livox_infer.decode.pointcloud import (
     filter_points,
     limit_points,
 )
-from livox_infer.params import DEFAULTS, parse_sensor_height
+from livox_infer.params import DEFAULTS, DEVICES, parse_sensor_height
 from livox_infer.startup import StartupLog
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
@@ -208,7 +208,7 @@ class DetectionPipeline:
         if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
             self.cfg = self.cfg.with_extent(p["bev_extent"])
         dev = p["device"]
-        if dev not in ("auto", "cpu", "cuda") and not str(dev).startswith("cuda:"):
+        if dev not in DEVICES and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
         self.device = resolve_device(dev)  # BackendError for cuda without a GPU
         self.network_backend = "eager"

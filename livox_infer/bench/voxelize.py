@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated point counts (default {DEFAULT_SIZES})")
     parser.add_argument("--model", default=None,
                         help="model config whose grid to use (default: 'full' on GPU, 'lite' on CPU)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_cli_options(parser, ("device",))
     parser.add_argument("--repeat", type=int, default=200, help="timed calls per method and size (default 200)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     parser.add_argument("--max-seconds", type=float, default=20.0,
