@@ -148,7 +148,9 @@ _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": Dia
 
 def _descriptor(spec: Param) -> ParameterDescriptor:
     """The ROS descriptor of a parameter: its doc, read-only flag, range and choices (livox_infer.params)."""
-    desc = ParameterDescriptor(description=spec.doc, read_only=spec.read_only)
+    rebuilds = spec.applies == REBUILD and not spec.read_only
+    desc = ParameterDescriptor(description=spec.doc + (" Change rebuilds the pipeline." if rebuilds else ""),
+                               read_only=spec.read_only)
     if spec.range is not None and spec.type == "double":
         desc.floating_point_range = [FloatingPointRange(from_value=float(spec.range[0]),
                                                         to_value=float(spec.range[1]), step=0.0)]
