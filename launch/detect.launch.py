@@ -5,8 +5,9 @@
     ros2 launch livox_infer detect.launch.py params_file:=/path/to/my.yaml
     ros2 launch livox_infer detect.launch.py sensor:=horizon rig:=rigs/livox_dataset_v1.yaml
 
-The preset YAML (config/<sensor>.yaml, or params_file) gives every parameter, including `sensor`;
-input_topic, device, use_compile and rig override it only when given (empty = keep the YAML's value).
+The node loads config/detector.param.yaml (every default) and then config/<sensor>.param.yaml (what differs for
+that sensor), or params_file instead of the latter; input_topic, device, use_compile, rig and model override them
+only when given (empty = keep the files' value). Arguments, their meaning and checks come from livox_infer.params.
 An argument this file does not declare is warned about (a typo would otherwise be ignored silently). When the
 node exits, the launch ends; a node that failed (exit status 1: bad weights, bad parameters) makes
 `ros2 launch` exit non-zero.
@@ -21,14 +22,14 @@ from launch.logging import get_logger
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-SENSORS = ("mid40", "mid70", "tele15", "horizon", "avia")
+from livox_infer.params import BY_NAME, SENSOR_PRESETS, parse_bool
+
+# node parameters a launch argument may override; empty = keep the parameter files' value
+OVERRIDES = ("input_topic", "device", "rig", "use_compile", "model")
 ARGUMENTS = {
-    "sensor": ("avia", "Livox sensor preset; selects config/<sensor>.yaml"),
-    "params_file": ("", "parameter YAML (default: the package's config/<sensor>.yaml)"),
-    "input_topic": ("", "override the input cloud topic"),
-    "device": ("", "override device: auto, cpu or cuda"),
-    "rig": ("", "rig YAML: several LiDARs merged (docs/rigs.md)"),
-    "use_compile": ("", "override use_compile: true or false"),
+    "sensor": ("avia", BY_NAME["sensor"].doc),
+    "params_file": ("", "parameter YAML loaded over config/detector.param.yaml instead of config/<sensor>.param.yaml"),
+    **{name: ("", f"override {name}: {BY_NAME[name].doc}") for name in OVERRIDES},
     "node_name": ("livox_detector", "node name"),
 }
 
@@ -67,23 +68,19 @@ def end_launch_with_the_node(event, context):
 def _node(context, *args, **kwargs):
     _warn_about_undeclared_arguments(context)
     sensor = LaunchConfiguration("sensor").perform(context)
-    if sensor not in SENSORS:
-        raise RuntimeError(f"sensor must be one of {SENSORS}, got {sensor!r}")
-    params_file = LaunchConfiguration("params_file").perform(context) or os.path.join(
-        _share_dir(), "config", f"{sensor}.yaml")
+    if sensor not in SENSOR_PRESETS:
+        raise RuntimeError(f"sensor must be one of {SENSOR_PRESETS}, got {sensor!r}")
+    config = os.path.join(_share_dir(), "config")
+    params_file = LaunchConfiguration("params_file").perform(context) or os.path.join(config, f"{sensor}.param.yaml")
     if not os.path.isfile(params_file):
         raise RuntimeError(f"params_file not found: {params_file}")
-    # The YAML names its own sensor; the sensor argument only picks the default YAML.
+    # The files name their own sensor; the sensor argument only picks the default override file.
     overrides = {}
-    for name in ("input_topic", "device", "rig"):
-        value = LaunchConfiguration(name).perform(context)
+    for name in OVERRIDES:
+        value = LaunchConfiguration(name).perform(context).strip()
         if value:
-            overrides[name] = value
-    use_compile = LaunchConfiguration("use_compile").perform(context).strip().lower()
-    if use_compile:
-        if use_compile not in ("true", "false"):
-            raise RuntimeError(f"use_compile must be true or false, got {use_compile!r}")
-        overrides["use_compile"] = use_compile == "true"
+            overrides[name] = _argument_value(name, value)
+    files = [os.path.join(config, "detector.param.yaml"), params_file]
     return [
         Node(
             package="livox_infer",
@@ -91,14 +88,30 @@ def _node(context, *args, **kwargs):
             name=LaunchConfiguration("node_name").perform(context),
             output="screen",
             emulate_tty=True,
-            parameters=[params_file, overrides] if overrides else [params_file],
+            parameters=[*files, overrides] if overrides else files,
             on_exit=end_launch_with_the_node,
         )
     ]
 
 
+def _argument_value(name: str, text: str):
+    """A launch argument (text) as the node parameter's type, checked against livox_infer.params."""
+    param = BY_NAME[name]
+    if param.type == "bool":
+        try:
+            value = parse_bool(text)
+        except Exception as exc:  # noqa: BLE001 - argparse.ArgumentTypeError
+            raise RuntimeError(f"{name} must be true or false, got {text!r}") from exc
+    else:
+        value = text
+    reason = param.check(value)
+    if reason:
+        raise RuntimeError(reason)
+    return value
+
+
 def generate_launch_description() -> LaunchDescription:
     declared = [DeclareLaunchArgument(name, default_value=default, description=description,
-                                      **({"choices": list(SENSORS)} if name == "sensor" else {}))
+                                      **({"choices": list(SENSOR_PRESETS)} if name == "sensor" else {}))
                 for name, (default, description) in ARGUMENTS.items()]
     return LaunchDescription([*declared, OpaqueFunction(function=_node)])

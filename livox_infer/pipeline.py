@@ -41,13 +41,14 @@ from livox_infer.decode.pointcloud import (
     filter_points,
     limit_points,
 )
+from livox_infer.params import DEFAULTS, DEVICES, parse_sensor_height
 from livox_infer.startup import StartupLog
 from livox_infer.voxelize import Voxelizer
 from livox_infer.voxelize.voxelizer import resolve_device
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SENSOR_HEIGHT = 1.8
+DEFAULT_SENSOR_HEIGHT = DEFAULTS["sensor_height"]
 AUTO_HEIGHT_WINDOW = 15  # frames whose estimates are median-smoothed in "auto" mode
 STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
 
@@ -137,7 +138,8 @@ class DetectionPipeline:
     device: "auto" | "cpu" | "cuda" ("cuda" without a GPU raises BackendError).
     compile: torch.compile the network + top-k decoding (static shapes, channels_last); falls back
         to eager with one warning if compilation fails. On CUDA, ``cuda_graphs`` uses mode="reduce-overhead".
-    sensor_height: metres the ground lies below the sensor, or "auto" (estimated per cloud, smoothed).
+    sensor_height: metres the ground lies below the sensor (livox_infer.params.SENSOR_HEIGHT_RANGE), or "auto"
+        (estimated per cloud, smoothed).
     sensor_tilt: "auto" (default: ground-plane tilt estimated per cloud, also with a numeric
         sensor_height), None or (0, 0) (level), or (pitch_deg, roll_deg) of the sensor relative to
         the ground (pitch positive = nose down).
@@ -163,25 +165,25 @@ class DetectionPipeline:
 
     def __init__(
         self,
-        model: str | Path | ModelConfig = "lite",
+        model: str | Path | ModelConfig = DEFAULTS["model"],
         weights: str | Path | None = None,
-        device: str = "auto",
-        compile: bool = True,  # noqa: A002 - the user-facing name
+        device: str = DEFAULTS["device"],
+        compile: bool = DEFAULTS["use_compile"],  # noqa: A002 - the user-facing name
         sensor_height: float | str = DEFAULT_SENSOR_HEIGHT,
         sensor_tilt: Any = "auto",
         intensity_scale: float | None = None,
         score_thresholds: Any = None,
         roi: Any = None,
-        tag_filter: str = "high_confidence",
+        tag_filter: str = DEFAULTS["tag_filter"],
         max_range: float | None = None,
         min_range: float | None = None,
         nms_iou: Any = None,
         max_detections: int | None = None,
-        max_points: int = DEFAULT_MAX_POINTS,
+        max_points: int = DEFAULTS["max_points"],
         cuda_graphs: bool = True,
         aoti_package: str | Path | None = None,
-        test_time_flip: bool = False,
-        refine: bool = True,
+        test_time_flip: bool = DEFAULTS["test_time_flip"],
+        refine: bool = DEFAULTS["refine"],
         bev_extent: Any = None,
     ) -> None:
         self._params: dict[str, Any] = {}
@@ -205,7 +207,7 @@ class DetectionPipeline:
         if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
             self.cfg = self.cfg.with_extent(p["bev_extent"])
         dev = p["device"]
-        if dev not in ("auto", "cpu", "cuda") and not str(dev).startswith("cuda:"):
+        if dev not in DEVICES and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
         self.device = resolve_device(dev)  # BackendError for cuda without a GPU
         self.network_backend = "eager"
@@ -302,17 +304,8 @@ class DetectionPipeline:
         classes = self.cfg.classes
 
         # sensor height
-        sh = new.get("sensor_height", DEFAULT_SENSOR_HEIGHT)
-        if sh is None:
-            sh = DEFAULT_SENSOR_HEIGHT
-        if isinstance(sh, str):
-            if sh != "auto":
-                try:
-                    sh = float(sh)
-                except ValueError as exc:
-                    raise ConfigError(f"sensor_height must be metres or 'auto', got {sh!r}") from exc
-        if not isinstance(sh, str) and (not isinstance(sh, (int, float)) or not math.isfinite(sh) or not -1 < sh < 10):
-            raise ConfigError(f"sensor_height must be metres in (-1, 10) or 'auto', got {sh!r}")
+        sh = new.get("sensor_height")
+        sh = parse_sensor_height(DEFAULT_SENSOR_HEIGHT if sh is None else sh)  # the node's range (params.py)
         tilt = new.get("sensor_tilt")
         if tilt is not None and tilt != "auto":
             try:

@@ -1,8 +1,9 @@
-"""Sensor presets (config/<sensor>.yaml) and how their parameters become DetectionPipeline options.
+"""Sensor presets: config/detector.param.yaml (every default, generated from livox_infer.params) under a small
+config/<sensor>.param.yaml with only what differs for that sensor.
 
-One mapping for the node and the offline CLIs (`livox-infer detect/eval --sensor NAME`), so offline results
-equal what the node publishes with the same preset. ROS-free: the presets are ROS 2 parameter files, read here
-as plain YAML.
+One merge for the node (``ros2 launch`` and ``livox-infer run`` load the same two files in this order) and the
+offline CLIs (`livox-infer detect/eval --sensor NAME`), so offline results equal what the node publishes with the
+same preset. ROS-free: the files are ROS 2 parameter files, read here as plain YAML.
 """
 
 from __future__ import annotations
@@ -11,54 +12,44 @@ from pathlib import Path
 from typing import Any
 
 from livox_infer.errors import ConfigError
-from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS
+from livox_infer.params import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
 
-SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
+BASE_FILE = "detector.param.yaml"
+
+
+def base_path() -> Path:
+    from livox_infer.resources import find
+
+    return find("config", BASE_FILE)
 
 
 def preset_path(sensor: str) -> Path:
+    """The sensor's override file (only the lines that differ from the base)."""
     from livox_infer.resources import find
 
     if sensor not in SENSOR_PRESETS:
         raise ConfigError(f"unknown sensor preset {sensor!r}; presets: {list(SENSOR_PRESETS)}")
-    return find("config", f"{sensor}.yaml")
+    return find("config", f"{sensor}.param.yaml")
 
 
-def load_preset(sensor: str) -> dict[str, Any]:
-    """The preset's parameter values (its ``/**: ros__parameters`` mapping)."""
+def preset_files(sensor: str) -> list[Path]:
+    """The parameter files of a preset, in load order (later ones win)."""
+    return [base_path(), preset_path(sensor)]
+
+
+def read_param_file(path: Path) -> dict[str, Any]:
+    """A ROS 2 parameter file's ``/**: ros__parameters`` mapping."""
     import yaml
 
-    path = preset_path(sensor)
     try:
-        return dict(yaml.safe_load(path.read_text())["/**"]["ros__parameters"])
+        return dict(yaml.safe_load(Path(path).read_text())["/**"]["ros__parameters"] or {})
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a ROS 2 parameter file with '/**: ros__parameters' ({exc})") from None
 
 
-def pipeline_options(values: dict[str, Any]) -> dict[str, Any]:
-    """Node / preset parameters -> DetectionPipeline keyword arguments (constructor and update())."""
-    try:
-        extent = values.get("bev_extent")
-        return {
-            "model": values["model"],
-            "weights": values["weights"] or None,
-            "device": values["device"],
-            "compile": bool(values["use_compile"]),
-            "aoti_package": values["aoti_package"] or None,
-            "test_time_flip": bool(values["test_time_flip"]),
-            "refine": bool(values["refine"]),
-            "score_thresholds": {
-                "car": float(values["score_threshold_car"]),
-                "pedestrian": float(values["score_threshold_pedestrian"]),
-                "cyclist": float(values["score_threshold_cyclist"]),
-            },
-            "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
-            "max_range": float(values["max_range"]),
-            "max_points": int(values.get("max_points", DEFAULT_MAX_POINTS)),
-            "tag_filter": values["tag_filter"],
-            "intensity_scale": float(values["intensity_scale"]),
-            "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
-            "bev_extent": tuple(float(v) for v in extent) if extent else None,
-        }
-    except KeyError as exc:
-        raise ConfigError(f"sensor parameters lack {exc}") from None
+def load_preset(sensor: str) -> dict[str, Any]:
+    """The preset's parameter values: the base file with the sensor's overrides applied."""
+    values: dict[str, Any] = {}
+    for path in preset_files(sensor):
+        values.update(read_param_file(path))
+    return values

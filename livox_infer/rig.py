@@ -38,7 +38,7 @@ import numpy as np
 
 from livox_infer.errors import ConfigError
 from livox_infer.decode.pointcloud import Cloud
-from livox_infer.presets import SENSOR_PRESETS as SENSOR_MODELS
+from livox_infer.params import SENSOR_PRESETS as SENSOR_MODELS, parse_sensor_height
 
 EXTRINSIC_KEYS = ("x", "y", "z", "roll", "pitch", "yaw")
 RIG_KEYS = {"output_frame", "merge_tolerance_ms", "bev_extent", "sensor_height", "sensors"}
@@ -158,9 +158,10 @@ class Rig:
             if not isinstance(extent, (list, tuple)) or len(extent) != 4:
                 raise ConfigError(f"{source}: bev_extent must be [x_min, x_max, y_min, y_max], got {extent!r}")
             extent = tuple(_number(v, f"{source}: bev_extent") for v in extent)
-        height = data.get("sensor_height", 0.0)
-        if height != "auto":
-            height = _number(height, f"{source}: sensor_height")
+        try:  # the pipeline's one encoding and range (livox_infer.params)
+            height = parse_sensor_height(data.get("sensor_height", 0.0))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         return cls(frame.strip(), sensors, tol, extent, height)
 
 

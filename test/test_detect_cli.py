@@ -52,7 +52,9 @@ def test_detect_errors_are_reported_not_raised(small_model, tmp_path, capsys):  
     (tmp_path / "x.txt").write_text("hello")
     assert run([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.jsonl"), "--model", str(small_model),
                 "--no-compile"]) == 2
-    assert run([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.jsonl"), "--sensor-height", "tall"]) == 2
+    with pytest.raises(SystemExit) as exit_:  # refused while parsing, with the range (livox_infer.params)
+        run([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.jsonl"), "--sensor-height", "tall"])
+    assert exit_.value.code == 2 and "metres in [0.0, 9.5] or 'auto'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: cuda is a valid device here")

@@ -51,17 +51,18 @@ def test_defaults_load_the_avia_preset_without_overrides():
     node = node_for()
     assert node["package"] == "livox_infer" and node["executable"] == "detector_node"
     assert node["name"] == "livox_detector"
-    (params_file,) = node["parameters"]
-    assert Path(params_file).name == "avia.yaml" and Path(params_file).is_file()
+    base, params_file = node["parameters"]
+    assert Path(base).name == "detector.param.yaml" and Path(base).is_file()
+    assert Path(params_file).name == "avia.param.yaml" and Path(params_file).is_file()
 
 
 def test_overrides_are_passed_only_when_given():
     node = node_for(sensor="horizon", input_topic="/points", use_compile="false", device="cpu")
-    params_file, overrides = node["parameters"]
-    assert Path(params_file).name == "horizon.yaml"
+    base, params_file, overrides = node["parameters"]
+    assert Path(base).name == "detector.param.yaml" and Path(params_file).name == "horizon.param.yaml"
     assert overrides == {"input_topic": "/points", "device": "cpu", "use_compile": False}
-    custom = REPO / "config" / "tele15.yaml"
-    assert node_for(params_file=str(custom))["parameters"] == [str(custom)]
+    custom = REPO / "config" / "tele15.param.yaml"
+    assert node_for(params_file=str(custom))["parameters"] == [base, str(custom)]
 
 
 def test_bad_arguments_are_refused():
@@ -69,6 +70,20 @@ def test_bad_arguments_are_refused():
         node_for(use_compile="maybe")
     with pytest.raises(RuntimeError, match="params_file"):
         node_for(params_file="/nonexistent.yaml")
+    with pytest.raises(RuntimeError, match="device must be one of"):  # checked against livox_infer.params
+        node_for(device="gpu")
+
+
+def test_arguments_derive_from_the_parameter_table():
+    from livox_infer.params import BY_NAME, SENSOR_PRESETS
+
+    module = load_launch_module()
+    declared = {a.name: a for a in module.generate_launch_description().entities
+                if isinstance(a, launch.actions.DeclareLaunchArgument)}
+    assert set(module.OVERRIDES) <= set(BY_NAME) and set(module.OVERRIDES) <= set(declared)
+    assert declared["sensor"].choices == list(SENSOR_PRESETS)
+    assert BY_NAME["device"].doc in declared["device"].description
+    assert node_for(model="full")["parameters"][-1] == {"model": "full"}
 
 
 def test_launch_starts_the_node_with_the_preset():
@@ -125,4 +140,4 @@ def test_launch_starts_the_node_with_the_preset():
 
 def test_rig_argument_is_passed_to_the_node():
     node = node_for(sensor="horizon", rig="rigs/livox_dataset_v1.yaml")
-    assert node["parameters"][1] == {"rig": "rigs/livox_dataset_v1.yaml"}
+    assert node["parameters"][2] == {"rig": "rigs/livox_dataset_v1.yaml"}

@@ -18,8 +18,9 @@ import yaml
 pytest.importorskip("rclpy")
 pytest.importorskip("vision_msgs.msg")
 
-from livox_infer.ros.node import PARAM_SPECS, DetectorNode, add_arguments, ros_arguments
-from livox_infer.presets import SENSOR_PRESETS  # noqa: E402
+from livox_infer.ros.node import DetectorNode, add_arguments, ros_arguments
+from livox_infer.params import BY_NAME, class_params  # noqa: E402
+from livox_infer.presets import SENSOR_PRESETS, load_preset, preset_files, read_param_file  # noqa: E402
 from test_node_support import FakeFactory, RosHarness, unique  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -33,39 +34,58 @@ def ros():
     h.close()
 
 
-def preset_values(path: Path) -> dict:
-    data = yaml.safe_load(path.read_text())
-    return data["/**"]["ros__parameters"]
+def test_there_is_one_preset_per_sensor_over_one_base():
+    assert sorted(p.name for p in CONFIG.glob("*.yaml")) == \
+        sorted(["detector.param.yaml", *(f"{s}.param.yaml" for s in SENSOR_PRESETS)])
 
 
-def test_there_is_one_preset_per_sensor():
-    assert sorted(p.stem for p in CONFIG.glob("*.yaml")) == sorted(SENSOR_PRESETS)
+def test_the_base_sets_every_parameter_and_an_override_only_known_ones():
+    base = read_param_file(CONFIG / "detector.param.yaml")
+    optional = {n for n, spec in BY_NAME.items() if spec.default is None}  # arrays that may stay unset
+    assert set(base) == set(BY_NAME) - optional
+    for sensor in SENSOR_PRESETS:
+        assert set(read_param_file(CONFIG / f"{sensor}.param.yaml")) <= set(BY_NAME), sensor
 
 
 @pytest.mark.parametrize("sensor", SENSOR_PRESETS)
 def test_preset_yaml_reaches_the_node_and_pipeline(ros, sensor):
-    path = CONFIG / f"{sensor}.yaml"
-    values = preset_values(path)
+    values = load_preset(sensor)
     assert values["sensor"] == sensor
-    optional = {n for n, spec in PARAM_SPECS.items() if spec.default is None}  # arrays that may stay unset
-    assert set(PARAM_SPECS) - optional <= set(values) <= set(PARAM_SPECS), \
-        "a preset must set every parameter (and nothing unknown)"
     factory = FakeFactory()
+    files = [x for path in preset_files(sensor) for x in ("--params-file", str(path))]
     node = ros.add(DetectorNode(pipeline_factory=factory, node_name=unique(f"det_{sensor}"), context=ros.context,
-                                cli_args=["--ros-args", "--params-file", str(path)]))
+                                cli_args=["--ros-args", *files]))
     for name, value in values.items():
         assert node.get_parameter(name).value == value, name
+    for param in class_params(values["model"]):  # the model's classes, its config's thresholds
+        assert node.get_parameter(param.name).value == param.default, param.name
     opts = factory.built[0].options
     assert opts["roi"] == (values["roi_x_min"], values["roi_y_min"], values["roi_z_min"],
                            values["roi_x_max"], values["roi_y_max"], values["roi_z_max"])
-    assert opts["score_thresholds"]["car"] == values["score_threshold_car"]
+    assert opts["score_thresholds"] == {"car": 0.45, "pedestrian": 0.4, "cyclist": 0.4}
     assert opts["sensor_height"] == values["sensor_height"]
     assert opts["model"] == values["model"] and opts["max_range"] == values["max_range"]
     assert opts["bev_extent"] == tuple(values["bev_extent"])
 
 
+def test_class_thresholds_follow_the_loaded_model(ros, tmp_path):
+    """score_threshold_<class> is declared for the model's own classes with its config's defaults; a model with
+    other classes is refused at run time (the declared parameters cannot follow it)."""
+    from rclpy.parameter import Parameter
+
+    node = ros.add(DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("full"), context=ros.context,
+                                cli_args=["--ros-args", "-p", "model:=full"]))
+    assert node.get_parameter("score_threshold_pedestrian").value == 0.25  # models/full.yaml
+    other = tmp_path / "other.yaml"
+    cfg = yaml.safe_load((CONFIG.parent / "models" / "lite.yaml").read_text().replace("cyclist", "bicycle"))
+    other.write_text(yaml.safe_dump(cfg))
+    result = node.set_parameters([Parameter("model", value=str(other))])[0]
+    assert not result.successful and "other classes" in result.reason
+    assert node.set_parameters([Parameter("model", value="lite")])[0].successful
+
+
 def test_invalid_preset_values_stop_start_up(ros, tmp_path):
-    bad = preset_values(CONFIG / "avia.yaml")
+    bad = load_preset("avia")
     bad["roi_y_min"], bad["roi_y_max"] = 10.0, -10.0
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"/**": {"ros__parameters": bad}}))
@@ -84,10 +104,12 @@ def test_run_builds_ros_arguments_from_the_preset_and_overrides():
     args = run_args("--sensor", "horizon", "--input-topic", "/points", "--device", "cpu", "--use-compile", "false",
                     "--ros-args", "-p", "score_threshold_car:=0.5")
     argv = ros_arguments(args)
-    assert argv[1:4] == ["--ros-args", "--params-file", argv[3]]
-    assert Path(argv[3]).name == "horizon.yaml" and Path(argv[3]).is_file()
-    assert argv[4:] == ["-p", "input_topic:=/points", "-p", "device:=cpu",
+    assert argv[1:6] == ["--ros-args", "--params-file", argv[3], "--params-file", argv[5]]
+    assert Path(argv[3]).name == "detector.param.yaml" and Path(argv[5]).name == "horizon.param.yaml"
+    assert argv[6:] == ["-p", "input_topic:=/points", "-p", "device:=cpu",
                         "-p", "use_compile:=false", "-p", "score_threshold_car:=0.5"]
+    assert ros_arguments(run_args("--no-compile", "--sensor-height", "auto", "--model", "full"))[6:] == \
+        ["-p", "model:=full", "-p", "use_compile:=false", "-p", "estimate_ground:=true"]
 
 
 def _run_cli(argv: list[str], wait_for_text: str | None, timeout_s: float = 60.0) -> tuple[int, str]:
@@ -154,7 +176,7 @@ def test_run_passes_threads_to_the_node_only_when_given():
 @pytest.mark.parametrize("sensor", SENSOR_PRESETS)
 def test_preset_header_shows_the_launch_command_that_works(sensor):
     """`sensor=avia` is not a launch argument (ros2 launch takes NAME:=VALUE): the header shows what to type."""
-    header = [line for line in (CONFIG / f"{sensor}.yaml").read_text().splitlines() if line.startswith("#")]
+    header = [line for line in (CONFIG / f"{sensor}.param.yaml").read_text().splitlines() if line.startswith("#")]
     assert f"#   ros2 launch livox_infer detect.launch.py sensor:={sensor}" in header
     assert not any(f"sensor={sensor}" in line for line in header)
 

@@ -148,7 +148,7 @@ def pip_prefix(tmp_path_factory) -> Path:
     src.mkdir()
     for item in ("setup.py", "setup.cfg", "package.xml"):
         shutil.copy2(REPO / item, src / item)
-    for item in ("livox_infer", "resource", "launch", "config", "models"):
+    for item in ("livox_infer", "resource", "launch", "config", "schema", "models"):
         shutil.copytree(REPO / item, src / item, ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)],
@@ -166,7 +166,7 @@ def test_pip_install_layout(pip_prefix: Path):
     share = pip_prefix / "share" / "livox_infer"
     assert (share / "package.xml").is_file()
     for kind, pattern in (("config", "*.yaml"), ("config/rigs", "*.yaml"), ("models", "*.yaml"),
-                          ("launch", "*.launch.py")):
+                          ("launch", "*.launch.py"), ("schema", "*.json")):
         expected = sorted(p.name for p in (REPO / kind).glob(pattern))
         assert expected and sorted(p.name for p in (share / kind).glob(pattern)) == expected
     assert sorted(p.name for p in (share / "models").glob("*.safetensors")) == \
@@ -188,14 +188,14 @@ def test_pip_installed_package_finds_its_data(pip_prefix: Path):
     """The installed copy (not the checkout) resolves config/ and models/ from <prefix>/share/livox_infer."""
     site = next(pip_prefix.glob("lib/python3*/site-packages"))
     code = ("import livox_infer.resources as r; print(r.share_dir()); "
-            "print(r.find('config', 'avia.yaml'))")
+            "print(r.find('config', 'avia.param.yaml'))")
     env = {**os.environ, "PYTHONPATH": str(site), "AMENT_PREFIX_PATH": str(pip_prefix)}
     env.pop("LIVOX_INFER_SHARE", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=pip_prefix, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()
     share = (pip_prefix / "share" / "livox_infer").resolve()
     assert Path(out[0]).resolve() == share
-    assert Path(out[1]).resolve() == share / "config" / "avia.yaml"
+    assert Path(out[1]).resolve() == share / "config" / "avia.param.yaml"
 
 
 # ------------------------------------------------------------------ detector_node wrapper
@@ -242,7 +242,7 @@ def test_venv_has_the_ros_layout():
                                 timeout=60, check=True).stdout.strip())
     for kind in ("config", "models", "launch"):
         assert (share / kind).is_dir(), f"{share}/{kind} missing"
-    assert (share / "config" / "avia.yaml").is_file() and (share / "package.xml").is_file()
+    assert (share / "config" / "avia.param.yaml").is_file() and (share / "package.xml").is_file()
 
 
 @needs_setup_venv
@@ -251,7 +251,7 @@ def test_ros2_launch_finds_the_launch_file_by_walking_the_share_dir():
     share = PREFIX / "share" / "livox_infer"
     found = [Path(root) / name for root, _, files in os.walk(share) for name in files]
     names = {p.name for p in found}
-    assert {"detect.launch.py", "avia.yaml", "lite.yaml", "lite.safetensors"} <= names
+    assert {"detect.launch.py", "avia.param.yaml", "lite.yaml", "lite.safetensors"} <= names
     for kind in ("launch", "config", "models"):
         assert not (share / kind).is_symlink(), f"{share / kind} is a directory link: os.walk skips it"
 

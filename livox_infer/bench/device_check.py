@@ -172,7 +172,7 @@ def voxelize_table(device: torch.device, small: bool) -> None:
 
     args = argparse.Namespace(sizes=SMALL_VOXELIZE_SIZES if small else VOXELIZE_SIZES, model=None,
                               repeat=20 if small else 200, warmup=2 if small else 10,
-                              max_seconds=2.0 if small else 3.0, no_compile=small, seed=0)
+                              max_seconds=2.0 if small else 3.0, compile=not small, seed=0)
     run_benchmark(args, device)
 
 

@@ -14,13 +14,14 @@ import tempfile
 from pathlib import Path
 
 from livox_infer.errors import ConfigError
+from livox_infer.params import add_cli_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("archive", help="directory of bags / point files (searched recursively)")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts (this process: torch threads)")
-    p.add_argument("--model", default="lite", help="model config: lite, full or a YAML path")
-    p.add_argument("--compile", action="store_true", help="torch.compile in every worker (default: eager)")
+    add_cli_options(p, ("model", "compile"), compile=False,
+                    helps={"compile": "torch.compile in every worker (default: eager)"})
     p.add_argument("--no-ray", action="store_true", help="only the rows of this process")
 
 

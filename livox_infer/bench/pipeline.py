@@ -23,22 +23,19 @@ import torch
 from livox_infer.bench.load import busy_processes, process_count
 from livox_infer.bench.table import format_table
 from livox_infer.errors import ConfigError, LivoxInferError
-from livox_infer.threads import add_threads_argument, apply_threads
+from livox_infer.params import add_cli_options, parse_sensor_height
+from livox_infer.threads import apply_threads
 
 STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
 MODES = ("eager", "compiled", "aoti")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="lite")
-    p.add_argument("--weights", default=None)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--sensor", default="avia")
+    add_cli_options(p, ("model", "weights", "device", "sensor", "sensor_height", "threads"),
+                    helps={"sensor": "simulated sensor of the timed frames (default %(default)s)"})
     p.add_argument("--frames", type=int, default=10, help="distinct simulated frames (cycled)")
     p.add_argument("--iters", type=int, default=100, help="timed calls per mode")
     p.add_argument("--warmup", type=int, default=10)
-    add_threads_argument(p)
-    p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (ground estimated per frame)")
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
     p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
@@ -112,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         modes = parse_modes(args.modes, args.aoti_package)
         msgs, height, n_points = make_messages(args.sensor, args.frames, args.seed)
-        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+        sh = parse_sensor_height(args.sensor_height)
         for mode in modes:
             pipe, setup_s = build_pipeline(mode, args, sh)
             label = mode + ("*" if mode == "compiled" and not pipe.compiled else "")

@@ -19,6 +19,7 @@ import threading
 import time
 
 from livox_infer.bench.table import format_table
+from livox_infer.params import add_cli_options, parse_bool
 from livox_infer.threads import add_threads_argument
 
 STARTUP_RE = re.compile(r"start-up: (.*)$", re.MULTILINE)
@@ -27,8 +28,10 @@ STARTUP_RE = re.compile(r"start-up: (.*)$", re.MULTILINE)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=2, help="node starts, one after the other (default 2: cold, warm)")
     p.add_argument("--cache-dir", default=None, help="inductor cache to use (default: a new empty one)")
-    p.add_argument("--sensor", default="avia")
-    p.add_argument("--use-compile", default="true", choices=("true", "false"))
+    add_cli_options(p, ("sensor", "compile"))
+    # the node parameter's spelling, kept for the commands in the docs
+    p.add_argument("--use-compile", dest="compile", type=parse_bool, metavar="{true,false}",
+                   help="the same as --compile / --no-compile")
     p.add_argument("--aoti-package", default=None, help="start from this AOTInductor package instead")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the first detection per run")
     add_threads_argument(p)
@@ -36,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _node_command(args: argparse.Namespace, topic: str, name: str) -> list[str]:
     cmd = [sys.executable, "-m", "livox_infer.tools.cli", "run", "--sensor", args.sensor, "--device", "cpu",
-           "--use-compile", args.use_compile, "--input-topic", topic, "--node-name", name,
+           "--compile" if args.compile else "--no-compile", "--input-topic", topic, "--node-name", name,
            "--threads", str(args.threads)]
     if args.aoti_package:
         cmd += ["--ros-args", "-p", f"aoti_package:={os.path.abspath(args.aoti_package)}"]
@@ -103,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         for run in range(args.runs):
             elapsed, startup = time_one_start(args, cache_dir, run, cloud)
-            rows.append([run + 1, "aoti" if args.aoti_package else ("compiled" if args.use_compile == "true" else "eager"),
+            rows.append([run + 1, "aoti" if args.aoti_package else ("compiled" if args.compile else "eager"),
                          f"{elapsed:.1f}" if elapsed is not None else "timeout", startup])
     finally:
         rclpy.try_shutdown()

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from livox_infer.bench.table import format_table
+from livox_infer.params import add_cli_options
 from livox_infer.threads import add_threads_argument, apply_threads
 from livox_infer.voxelize import GridConfig, Voxelizer, voxelize_reference
 from livox_infer.voxelize.reference import ReferenceConstants, voxelize_reference_dense
@@ -44,12 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated point counts (default {DEFAULT_SIZES})")
     parser.add_argument("--model", default=None,
                         help="model config whose grid to use (default: 'full' on GPU, 'lite' on CPU)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_cli_options(parser, ("device",))
     parser.add_argument("--repeat", type=int, default=200, help="timed calls per method and size (default 200)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="cap on timed seconds per method and size; fewer repeats for big clouds (default 20)")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
+    add_cli_options(parser, ("compile",), helps={"compile": "also time the torch.compile'd reference (default %(default)s)"})
     add_threads_argument(parser)
     parser.add_argument("--check", action="store_true",
                         help="first check the GPU path against the CPU reference bit for bit (exit 1 on mismatch)")
@@ -130,7 +131,7 @@ def run_benchmark(args: argparse.Namespace, device: torch.device) -> list[dict[s
     voxelizer = Voxelizer(grid, device)
     graph_voxelizer = voxelizer.cuda_graph(max(sizes)) if cuda else None
     compiled_ref = None
-    if not args.no_compile:
+    if args.compile:
         compiled_ref = torch.compile(lambda p: voxelize_reference_dense(p, grid, constants), dynamic=True)
 
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} torch threads"

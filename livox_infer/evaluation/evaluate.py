@@ -12,7 +12,7 @@ from typing import Any
 
 
 from livox_infer.errors import ConfigError, LivoxInferError
-from livox_infer.threads import add_threads_argument
+from livox_infer.params import add_cli_options, parse_sensor_height
 from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, FrameBoxes, align_frames, evaluate, range_bins, read_jsonl, summary_table
 from livox_infer.evaluation.simulated import evaluate_on_simulation, gt_from_bag, scan_detector
 from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options
@@ -31,11 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", help="ground truth as a JSONL file instead of the bag's GT topic")
     p.add_argument("--gt-topic", default="/livox_infer/ground_truth")
     p.add_argument("--cloud-topic", default=None, help="cloud topic (counts GT points; detection input)")
-    p.add_argument("--model", default="lite", help="model config name or YAML path (when detecting)")
-    p.add_argument("--weights", default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--sensor-height", default="auto", help="metres or 'auto' (when detecting)")
-    p.add_argument("--no-compile", action="store_true")
+    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"))
     p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--baseline", action="store_true", help="also evaluate the non-learned baseline")
@@ -55,13 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the network on this BEV extent in metres (multiples of 3.2 for lite) instead of the "
                         "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")
     p.add_argument("--out", help="write the results as JSON here")
-    add_threads_argument(p)
     from livox_infer.evaluation.archive import add_arguments as add_archive_arguments
-    from livox_infer.presets import SENSOR_PRESETS
-
-    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
-                   help="apply config/<sensor>.yaml as the node does (ROI, range, tag filter, sensor height, grid; "
-                        "the AP ranking keeps --score-threshold); with --sim-frames, simulate this sensor only")
+    add_cli_options(p, ("sensor",), sensor=None, helps={"sensor":
+                    "apply the preset config/<sensor>.param.yaml as the node does (ROI, range, tag filter, sensor height, grid; "
+                        "the AP ranking keeps --score-threshold); with --sim-frames, simulate this sensor only"})
     p.add_argument("--sim-accumulate", type=int, default=None, metavar="K",
                    help="with --sim-frames: score each frame alone and its drive's last K frames stacked, with and "
                         "without poses (livox_infer/evaluation/accumulated.py)")
@@ -138,8 +131,7 @@ def main(args: argparse.Namespace) -> int:
                 from livox_infer.bags import read_clouds
 
                 clouds = {c.stamp_ns: c for _, c in read_clouds(args.input, args.cloud_topic)}
-            sh = "auto" if args.sensor_height == "auto" else float(args.sensor_height)
-            base = BaselineDetector(sensor_height=sh)
+            base = BaselineDetector(sensor_height=parse_sensor_height(args.sensor_height))
             dets = []
             for stamp, cloud in clouds.items():
                 b = base.detect(cloud.points)
@@ -167,8 +159,8 @@ def _pipeline(args: argparse.Namespace):
     """The detection pipeline the eval options describe."""
     from livox_infer.pipeline import DetectionPipeline
 
-    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
-    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+    sh = parse_sensor_height(args.sensor_height)
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
                 sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
                 test_time_flip=args.test_time_flip, refine=not args.no_refine,
                 bev_extent=getattr(args, "bev_extent", None))
@@ -184,7 +176,7 @@ def _main_sim(args: argparse.Namespace) -> int:
     pipe = _pipeline(args)
     cfg = pipe.cfg
     region = eval_region(args, cfg)
-    sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
+    sh = parse_sensor_height(args.sensor_height)
     sim_options = parse_sim_options(args.sim_option)
     fns = {f"model {cfg.name}": scan_detector(pipe)}
     if args.baseline:

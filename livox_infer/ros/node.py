@@ -16,167 +16,36 @@ import argparse
 import collections
 import importlib
 import logging
-import math
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
-from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, check_pointcloud2
+from livox_infer.decode.pointcloud import check_pointcloud2
 from livox_infer.bags import pointcloud2_from_cdr
-from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS, add_threads_argument, apply_threads
-from livox_infer.presets import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
+from livox_infer.threads import apply_threads
+from livox_infer import params as param_model
+from livox_infer.params import PARAMS, REBUILD, Param, pipeline_options
 
-DEVICES = ("auto", "cpu", "cuda")
-TAG_FILTER_MODES = ("off", "high_confidence", "strict")
-INPUT_TYPES = ("pointcloud2", "custom_msg")
 NODE_NAME = "livox_detector"
 
-# Parameters whose change needs a new pipeline (new network / device / weights); the rest are
-# applied in place with DetectionPipeline.update().
-REBUILD_PARAMS = frozenset({"device", "model", "weights", "use_compile", "test_time_flip", "bev_extent"})
-# Parameters only the node itself uses (no pipeline involvement).
-NODE_ONLY_PARAMS = frozenset({"frame_id", "publish_markers", "sensor", "input_topic", "input_type",
-                              "diagnostics_period", "latency_window", "threads", "input_topics", "rig", "odometry_topic",
-                              "accumulate_frames", "accumulate_ms"})
+# Parameters whose change needs a new pipeline (new network / device / weights); the rest are applied in place
+# with DetectionPipeline.update() or by the node alone (livox_infer/params.py says which).
+REBUILD_PARAMS = frozenset(p.name for p in PARAMS if p.applies == REBUILD)
 
 WARN_THROTTLE_S = 5.0
 _console = logging.getLogger("livox_infer.ros.node")  # stderr only (Python logging), never /rosout
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    default: Any
-    description: str
-    read_only: bool = False
-    float_range: tuple[float, float] | None = None
-    int_range: tuple[int, int] | None = None
-    choices: tuple[str, ...] | None = None
-    array_type: str | None = None  # "double" / "string": an array parameter that may be left unset (default None)
-
-
-PARAMS: tuple[ParamSpec, ...] = (
-    ParamSpec("sensor", "avia", f"Livox sensor preset, one of {SENSOR_PRESETS}; selects defaults (height, ROI).",
-              read_only=True, choices=SENSOR_PRESETS),
-    ParamSpec("input_topic", "/livox/lidar", "Input cloud topic (sensor_msgs/PointCloud2 or livox CustomMsg).",
-              read_only=True),
-    ParamSpec("input_type", "pointcloud2", "Input message type: pointcloud2, or custom_msg "
-              "(livox_ros_driver2/CustomMsg, needs that interface package installed).",
-              read_only=True, choices=INPUT_TYPES),
-    ParamSpec("device", "auto", "Compute device: auto (cuda if available, else cpu), cpu or cuda. Change rebuilds.",
-              choices=DEVICES),
-    ParamSpec("model", "lite", "Model config: a name in the package's models/ directory or a path to its YAML. "
-              "Change rebuilds."),
-    ParamSpec("weights", "", "Optional path to .safetensors weights; empty = the model config's default. "
-              "Change rebuilds."),
-    ParamSpec("use_compile", True, "torch.compile the network (slower start, faster frames). Change rebuilds."),
-    # read-only: a package is native code, so which one runs is decided at start-up, not over the network
-    ParamSpec("aoti_package", "", "Optional AOTInductor package (.pt2) from `livox-infer export`: the network "
-              "compiled ahead of time with its weights, no compiler needed; empty = off. Only packages listed in "
-              "the export manifest are loaded (docs/detector.md, Trust model).", read_only=True),
-    ParamSpec("test_time_flip", False, "Run the network on each frame and its mirror image and average them "
-              "(~+11 ms compiled network time on 1 core; with the shipped refiner no AP gain, docs/detector.md). "
-              "Change rebuilds."),
-    ParamSpec("refine", True, "Run stage 2: re-score and refine the best candidates with the points inside them "
-              "(models with a refine section; docs/detector.md). false: stage 1 alone, a few ms faster."),
-    ParamSpec("score_threshold_car", 0.45, "Minimum score of a published car.", float_range=(0.0, 1.0)),
-    ParamSpec("score_threshold_pedestrian", 0.35, "Minimum score of a published pedestrian.",
-              float_range=(0.0, 1.0)),
-    ParamSpec("score_threshold_cyclist", 0.35, "Minimum score of a published cyclist.", float_range=(0.0, 1.0)),
-    ParamSpec("roi_x_min", 0.0, "Region of interest, metres in the cloud frame (points outside are dropped).",
-              float_range=(-500.0, 500.0)),
-    ParamSpec("roi_x_max", 70.0, "Region of interest x max (m).", float_range=(-500.0, 500.0)),
-    ParamSpec("roi_y_min", -40.0, "Region of interest y min (m).", float_range=(-500.0, 500.0)),
-    ParamSpec("roi_y_max", 40.0, "Region of interest y max (m).", float_range=(-500.0, 500.0)),
-    ParamSpec("roi_z_min", -3.0, "Region of interest z min (m, sensor frame).", float_range=(-50.0, 50.0)),
-    ParamSpec("roi_z_max", 3.0, "Region of interest z max (m, sensor frame).", float_range=(-50.0, 50.0)),
-    ParamSpec("max_range", 100.0, "Drop points farther than this from the sensor (m).", float_range=(0.5, 1000.0)),
-    ParamSpec("max_points", DEFAULT_MAX_POINTS, "Point budget per cloud (after the filters): a larger cloud is "
-              "thinned deterministically to this many points (counted as frames_over_budget, warned).",
-              int_range=MAX_POINTS_RANGE),
-    ParamSpec("tag_filter", "high_confidence", f"Livox tag noise filter: one of {TAG_FILTER_MODES}.",
-              choices=TAG_FILTER_MODES),
-    ParamSpec("intensity_scale", 255.0, "Full-scale intensity of the input (255 for Livox reflectivity, 1.0 for "
-              "clouds already in 0-1); the model sees intensity / intensity_scale.", float_range=(1e-3, 1e6)),
-    ParamSpec("sensor_height", 1.8, "How far the ground lies below the sensor origin (m); ignored when "
-              "estimate_ground is true.", float_range=(0.0, 9.5)),
-    ParamSpec("estimate_ground", False, "Estimate the sensor height from each cloud's ground instead of "
-              "sensor_height."),
-    ParamSpec("frame_id", "", "Output frame_id; empty = copy the input cloud's frame_id."),
-    ParamSpec("publish_markers", True, "Publish ~/markers (RViz boxes and labels)."),
-    ParamSpec("diagnostics_period", 1.0, "Seconds between /diagnostics messages.", read_only=True,
-              float_range=(0.1, 60.0)),
-    ParamSpec("threads", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its pools; "
-              "0 = torch's default (one per core). 1 keeps latency bounded on a busy CPU (docs/performance.md).",
-              read_only=True, int_range=(0, MAX_THREADS)),
-    ParamSpec("bev_extent", None, "Detection grid [x_min, x_max, y_min, y_max] in metres (multiples of the model's "
-              "coarsest cell, 3.2 m for lite); unset = the model's grid. Same weights (docs/rigs.md). Change rebuilds.",
-              array_type="double"),
-    ParamSpec("input_topics", None, "Several input topics whose clouds already share one frame (e.g. the driver "
-              "applied its extrinsics): merged by stamp, detected once. Unset = input_topic.", read_only=True,
-              array_type="string"),
-    ParamSpec("rig", "", "Rig YAML (docs/rigs.md): one topic per sensor with its extrinsic; clouds moved into the "
-              "rig's output_frame, merged by stamp, detected once; its bev_extent and sensor_height apply.",
-              read_only=True),
-    ParamSpec("odometry_topic", "", "nav_msgs/Odometry of the output (or cloud) frame: accumulated frames are "
-              "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True),
-    ParamSpec("accumulate_frames", 1, "Detect on the last N frames stacked (1 = each frame alone).",
-              read_only=True, int_range=(1, MAX_FRAMES)),
-    ParamSpec("accumulate_ms", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit).",
-              read_only=True, float_range=(0.0, MAX_WINDOW_MS)),
-    ParamSpec("latency_window", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
-              read_only=True, int_range=(10, 100_000)),
-)
-PARAM_SPECS = {p.name: p for p in PARAMS}
-DOUBLE_PARAMS = frozenset(p.name for p in PARAMS if isinstance(p.default, float))
-
-
-def validate_params(values: dict[str, Any]) -> str | None:
-    """Cross-field and choice checks the descriptors cannot express. Returns a reason or None."""
-    for spec in PARAMS:
-        v = values.get(spec.name)
-        if spec.choices is not None and v not in spec.choices:
-            return f"{spec.name} must be one of {list(spec.choices)}, got {v!r}"
-        if spec.float_range is not None:
-            lo, hi = spec.float_range
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or not lo <= v <= hi:
-                return f"{spec.name} must be a number in [{lo}, {hi}], got {v!r}"
-        if spec.int_range is not None:
-            lo, hi = spec.int_range
-            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                return f"{spec.name} must be an integer in [{lo}, {hi}], got {v!r}"
-    reason = _check_arrays(values)
+def validate_params(values: dict[str, Any], params: tuple[Param, ...] | None = None) -> str | None:
+    """livox_infer.params.validate, plus what only the node can check (an installed interface package)."""
+    reason = param_model.validate(values, params)
     if reason:
         return reason
-    for axis in "xyz":
-        lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
-        if lo >= hi:
-            return (f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi}); to move the range past "
-                    "its other end, change both in one request (ros2 param load, set_parameters_atomically)")
-    if not str(values["model"]).strip():
-        return "model must name a model config"
     if values["input_type"] == "custom_msg" and custom_msg_class() is None:
         return "input_type custom_msg needs the livox_ros_driver2 or livox_interfaces interface package (not installed)"
-    return None
-
-
-def _check_arrays(values: dict[str, Any]) -> str | None:
-    extent = values.get("bev_extent")
-    if extent is not None:
-        if len(extent) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in extent):
-            return f"bev_extent must be 4 numbers [x_min, x_max, y_min, y_max], got {list(extent)!r}"
-        if not (extent[0] < extent[1] and extent[2] < extent[3]):
-            return f"bev_extent needs x_min < x_max and y_min < y_max, got {list(extent)!r}"
-    topics = values.get("input_topics")
-    if topics is not None:
-        if not topics or any(not str(t).startswith("/") for t in topics) or len(set(topics)) != len(topics):
-            return f"input_topics must be distinct absolute topic names, got {list(topics)!r}"
-        if values.get("rig"):
-            return "give either rig (its sensors name their topics) or input_topics, not both"
     return None
 
 
@@ -277,6 +146,21 @@ from livox_infer.ros import graph as node_graph, messages as ros_msgs, param_upd
 _LEVEL = {"ok": DiagnosticStatus.OK, "warn": DiagnosticStatus.WARN, "error": DiagnosticStatus.ERROR}
 
 
+def _descriptor(spec: Param) -> ParameterDescriptor:
+    """The ROS descriptor of a parameter: its doc, read-only flag, range and choices (livox_infer.params)."""
+    rebuilds = spec.applies == REBUILD and not spec.read_only
+    desc = ParameterDescriptor(description=spec.doc + (" Change rebuilds the pipeline." if rebuilds else ""),
+                               read_only=spec.read_only)
+    if spec.range is not None and spec.type == "double":
+        desc.floating_point_range = [FloatingPointRange(from_value=float(spec.range[0]),
+                                                        to_value=float(spec.range[1]), step=0.0)]
+    if spec.range is not None and spec.type == "int":
+        desc.integer_range = [IntegerRange(from_value=int(spec.range[0]), to_value=int(spec.range[1]), step=1)]
+    if spec.choices is not None:
+        desc.additional_constraints = "one of: " + ", ".join(spec.choices)
+    return desc
+
+
 class DetectorNode(Node):
     """Subscribes to a Livox cloud, publishes 3D detections, markers and diagnostics.
 
@@ -289,9 +173,9 @@ class DetectorNode(Node):
                  **node_kwargs: Any) -> None:
         super().__init__(node_name, **node_kwargs)
         self._factory = pipeline_factory or default_pipeline_factory
-        self._declare_parameters()
-        self._values = {p.name: self._param_value(p) for p in PARAMS}
-        reason = validate_params(self._values)
+        self._params = self._declare_parameters()
+        self._values = {p.name: self._param_value(p) for p in self._params}
+        reason = validate_params(self._values, self._params)
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
         self._rig_options: dict[str, Any] = {}  # pipeline options a rig file fixes
@@ -338,7 +222,8 @@ class DetectorNode(Node):
         self._skipped_noted = 0
         self.add_on_set_parameters_callback(self._on_set_parameters)
         # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
-        self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(DOUBLE_PARAMS))
+        self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(
+            frozenset(p.name for p in self._params if p.type == "double")))
         ros_params.serve_set_parameters_as_one_change(self)
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
@@ -351,35 +236,32 @@ class DetectorNode(Node):
         self.get_logger().info(f"start-up: {self._describe_startup()}")
 
     # ------------------------------------------------------------------ parameters
-    def _declare_parameters(self) -> None:
+    def _declare_parameters(self) -> tuple[Param, ...]:
+        """Declare the table's parameters and score_threshold_<class> for the classes of the model the node
+        starts with (livox_infer.params); returns what was declared."""
         from rclpy.parameter import Parameter
 
         overrides = getattr(self, "_parameter_overrides", {})
-        for spec in PARAMS:
+        model = overrides["model"].value if "model" in overrides else param_model.DEFAULTS["model"]
+        declared = param_model.parameters(model)  # ConfigError for an unknown model: the node does not start
+        for spec in declared:
             # "-p max_range:=100" or "max_range: 100" in a YAML arrive as INTEGER; ROS would refuse
             # them for a double parameter, so take the number as the double it obviously means.
             given = overrides.get(spec.name)
-            if isinstance(spec.default, float) and given is not None and given.type_ == Parameter.Type.INTEGER:
+            if spec.type == "double" and given is not None and given.type_ == Parameter.Type.INTEGER:
                 overrides[spec.name] = Parameter(spec.name, value=float(given.value))
-            desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
-            if spec.float_range is not None:
-                desc.floating_point_range = [FloatingPointRange(from_value=float(spec.float_range[0]),
-                                                                to_value=float(spec.float_range[1]), step=0.0)]
-            if spec.int_range is not None:
-                desc.integer_range = [IntegerRange(from_value=spec.int_range[0], to_value=spec.int_range[1], step=1)]
-            if spec.choices is not None:
-                desc.additional_constraints = "one of: " + ", ".join(spec.choices)
-            if spec.array_type is not None:  # may stay unset: declared by type (ROS cannot infer it from [])
-                kind = Parameter.Type.DOUBLE_ARRAY if spec.array_type == "double" else Parameter.Type.STRING_ARRAY
-                ints = given is not None and given.type_ == Parameter.Type.INTEGER_ARRAY
-                if kind == Parameter.Type.DOUBLE_ARRAY and ints:  # [0, 80, -40, 40] means doubles
+            if spec.default is None:  # an array that may stay unset: declared by type (ROS cannot infer it from [])
+                kind = Parameter.Type.DOUBLE_ARRAY if spec.type == "double[]" else Parameter.Type.STRING_ARRAY
+                if kind == Parameter.Type.DOUBLE_ARRAY and given is not None \
+                        and given.type_ == Parameter.Type.INTEGER_ARRAY:  # [0, 80, -40, 40] means doubles
                     overrides[spec.name] = Parameter(spec.name, value=[float(v) for v in given.value])
-                self.declare_parameter(spec.name, kind, desc)
+                self.declare_parameter(spec.name, kind, _descriptor(spec))
                 continue
-            self.declare_parameter(spec.name, spec.default, desc)
+            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+        return declared
 
-    def _param_value(self, spec: ParamSpec) -> Any:
-        if spec.array_type is None:
+    def _param_value(self, spec: Param) -> Any:
+        if spec.default is not None:
             return self.get_parameter(spec.name).value
         from rclpy.exceptions import ParameterUninitializedException
 
@@ -388,12 +270,26 @@ class DetectorNode(Node):
         except ParameterUninitializedException:  # an array parameter left unset
             return None
 
+    def _check_model_classes(self, model: str) -> str | None:
+        """A new model must have the classes whose thresholds were declared at start-up."""
+        try:
+            names = [p.name for p in param_model.class_params(model)]
+        except (LivoxInferError, FileNotFoundError, OSError) as exc:
+            return f"cannot load model {model!r}: {exc}"
+        declared = [p.name for p in self._params if param_model.is_class_param(p.name)]
+        if names != declared:
+            return (f"model {model!r} has other classes ({', '.join(names)}) than the node started with "
+                    f"({', '.join(declared)}); restart the node to change them")
+        return None
+
     def _on_set_parameters(self, params) -> SetParametersResult:
         candidate = dict(self._values)
         for p in params:
-            if p.name in PARAM_SPECS:  # others (use_sim_time, ...) belong to rclpy itself
+            if p.name in candidate:  # others (use_sim_time, ...) belong to rclpy itself
                 candidate[p.name] = p.value
-        reason = validate_params(candidate)
+        reason = validate_params(candidate, self._params)
+        if not reason and candidate["model"] != self._values["model"]:
+            reason = self._check_model_classes(candidate["model"])
         if reason:
             self.get_logger().warning(f"rejected parameter change: {reason}")
             return SetParametersResult(successful=False, reason=reason)
@@ -764,52 +660,51 @@ def _point_count(msg) -> int | None:
 
 # ---------------------------------------------------------------------- entry points
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sensor", default="avia", choices=SENSOR_PRESETS,
-                        help="sensor preset: loads config/<sensor>.yaml (default avia)")
+    """`livox-infer run`: the shared options (livox_infer.params); given ones override the preset's values."""
+    param_model.add_cli_options(parser, ("sensor",))
     parser.add_argument("--params-file", default=None,
-                        help="ROS 2 parameter YAML instead of the preset (its own 'sensor' applies)")
+                        help="ROS 2 parameter YAML loaded over config/detector.param.yaml instead of the preset's "
+                             "override (its own 'sensor' applies)")
     parser.add_argument("--input-topic", default=None, help="override input_topic")
     parser.add_argument("--rig", default=None, help="rig YAML: several LiDARs merged into its output frame "
                         "(a path or a name under config/, e.g. rigs/livox_dataset_v1.yaml; docs/rigs.md)")
-    parser.add_argument("--device", default=None, choices=DEVICES, help="override device")
-    parser.add_argument("--use-compile", default=None, type=_parse_bool, metavar="{true,false}",
-                        help="override use_compile")
-    add_threads_argument(parser, default=None)
+    param_model.add_cli_options(parser, ("model", "weights", "device", "compile", "sensor_height", "threads"),
+                                model=None, device=None, compile=None, sensor_height=None, threads=None)
+    # the spelling of the node parameter (use_compile), kept for the commands in the docs
+    parser.add_argument("--use-compile", dest="compile", type=param_model.parse_bool, metavar="{true,false}",
+                        help="the same as --compile / --no-compile")
     parser.add_argument("--node-name", default=NODE_NAME, help=f"node name (default {NODE_NAME})")
     parser.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[],
                         help="everything after this goes to ROS (e.g. --ros-args -p score_threshold_car:=0.5)")
 
 
-def _parse_bool(text: str) -> bool:
-    t = str(text).strip().lower()
-    if t in ("1", "true", "yes", "on"):
-        return True
-    if t in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+def params_files_for(sensor: str) -> list[str]:
+    """The preset's parameter files in load order: config/detector.param.yaml, config/<sensor>.param.yaml."""
+    from livox_infer.presets import preset_files
 
-
-def params_file_for(sensor: str) -> str:
-    from livox_infer.resources import find
-
-    return str(find("config", f"{sensor}.yaml"))
+    return [str(p) for p in preset_files(sensor)]
 
 
 def ros_arguments(args: argparse.Namespace) -> list[str]:
     """``livox-infer run`` options → the ROS argument list the node is initialised with."""
-    # --sensor picks the preset YAML; an explicit --params-file names its own sensor.
-    params_file = args.params_file or params_file_for(args.sensor)
-    out = ["livox-infer-run", "--ros-args", "--params-file", params_file]
-    if args.input_topic:
-        out += ["-p", f"input_topic:={args.input_topic}"]
-    if getattr(args, "rig", None):
-        out += ["-p", f"rig:={args.rig}"]
-    if args.device:
-        out += ["-p", f"device:={args.device}"]
-    if args.use_compile is not None:
-        out += ["-p", f"use_compile:={'true' if args.use_compile else 'false'}"]
-    if getattr(args, "threads", None) is not None:
-        out += ["-p", f"threads:={args.threads}"]
+    from livox_infer.presets import base_path
+
+    # --sensor picks the preset's override; an explicit --params-file names its own sensor.
+    files = [str(base_path()), args.params_file] if args.params_file else params_files_for(args.sensor)
+    out = ["livox-infer-run", "--ros-args"]
+    for path in files:
+        out += ["--params-file", path]
+    overrides = {"input_topic": args.input_topic, "rig": getattr(args, "rig", None),
+                 "model": getattr(args, "model", None), "weights": getattr(args, "weights", None),
+                 "device": args.device, "threads": getattr(args, "threads", None)}
+    if getattr(args, "compile", None) is not None:
+        overrides["use_compile"] = "true" if args.compile else "false"
+    height = getattr(args, "sensor_height", None)
+    if height is not None:
+        overrides["estimate_ground"] = "true" if height == "auto" else "false"
+        if height != "auto":
+            overrides["sensor_height"] = height
+    out += [x for name, value in overrides.items() if value is not None for x in ("-p", f"{name}:={value}")]
     if getattr(args, "node_name", NODE_NAME) != NODE_NAME:
         out += ["-r", f"__node:={args.node_name}"]
     extra = list(args.ros_args or [])
@@ -888,7 +783,10 @@ def node_help() -> str:
              "       ros2 launch livox_infer detect.launch.py sensor:=avia", "", "parameters:"]
     for p in PARAMS:
         lines.append(f"  {p.name} (default {p.default!r})")
-        lines.append(f"      {p.description}")
+        lines.append(f"      {p.doc}")
+    lines.append("  score_threshold_<class> (default: the model config's score_thresholds)")
+    lines.append("      Minimum score of a published object, one per class of the model (models/<model>.yaml).")
+    lines.append("reference: docs/parameters.md")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("livox_infer.ros.replay", "publish a bag's clouds into ROS with recorded timing"),
     "echo": ("livox_infer.ros.echo", "print the node's detections per frame (no RViz needed)"),
     "export": ("livox_infer.tools.export", "AOTInductor package of the network for machines without a compiler"),
+    "params": ("livox_infer.tools.params", "the parameter reference, base preset and JSON schema, generated from one table"),
     "demo": ("livox_infer.tools.demo", "simulated Avia drive -> ROS 2 node -> detections vs ground truth (+ BEV picture)"),
 }
 

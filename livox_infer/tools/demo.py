@@ -127,7 +127,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
     from vision_msgs.msg import Detection3DArray
 
     from livox_infer.bags import read_clouds, read_detections
-    from livox_infer.ros.node import DetectorNode, create_executor, params_file_for
+    from livox_infer.ros.node import DetectorNode, create_executor, params_files_for
     from livox_infer.ros.replay import BagReplayer, cdr_header_stamp_ns
     from livox_infer.ros.messages import msg_to_arrays
 
@@ -150,7 +150,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
         overrides = [Parameter("device", value=device), Parameter("use_compile", value=use_compile)]
         overrides += [Parameter(k, value=v) for k, v in (("model", model), ("weights", weights)) if v]
         node = DetectorNode(pipeline_factory=pipeline_factory, context=ctx,
-                            cli_args=["--ros-args", "--params-file", params_file_for(sensor)],
+                            cli_args=["--ros-args", *(x for f in params_files_for(sensor) for x in ("--params-file", f))],
                             parameter_overrides=overrides)
         trained = not str(getattr(node.pipeline, "weights_meta", {}).get("trained", "yes")).startswith("no")
         region = detection_region(node.pipeline)
@@ -245,14 +245,15 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out", help="output directory (bag + demo_bev.png)")
-    parser.add_argument("--sensor", default="avia", help="sensor preset (default avia)")
     parser.add_argument("--frames", type=int, default=20, help="frames to simulate (10 Hz)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rate", type=float, default=1.0, help="replay speed (1.0 = recorded 10 Hz)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--use-compile", action="store_true", help="torch.compile the network (slow start on CPU)")
-    parser.add_argument("--model", default=None, help="model config (default: the preset's)")
-    parser.add_argument("--weights", default=None, help="weights file (default: the model's)")
+    from livox_infer.params import add_cli_options
+
+    add_cli_options(parser, ("sensor", "model", "weights", "device", "compile"), model=None, compile=False,
+                    helps={"model": "model config (default: the preset's)",
+                           "compile": "torch.compile the network (slow start on CPU; default eager)"})
+    parser.add_argument("--use-compile", dest="compile", action="store_true", help="the same as --compile")
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -264,7 +265,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     try:
         run_demo(args.out, sensor=args.sensor, frames=args.frames, seed=args.seed, rate=args.rate,
-                 device=args.device, use_compile=args.use_compile, model=args.model, weights=args.weights)
+                 device=args.device, use_compile=args.compile, model=args.model, weights=args.weights)
     except (LivoxInferError, RuntimeError, OSError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
-from livox_infer.threads import add_threads_argument
-from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, write_annotated
+from livox_infer.params import add_cli_options
 from livox_infer.tools.bev_plot import save_bev_png
+from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, write_annotated
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,14 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with --out-dir: directories are searched recursively and @FILE names a list of inputs")
     p.add_argument("--out", help="detections JSONL file ('-' for stdout); or --out-dir")
     p.add_argument("--topic", default=None, help="cloud topic in the bag (default: every cloud topic)")
-    p.add_argument("--model", default="lite", help="model config: lite, full or a YAML path")
-    p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--no-compile", action="store_true", help="run the network eagerly")
+    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"))
     p.add_argument("--aoti-package", default=None, help="AOTInductor package from `livox-infer export` (instead of compiling)")
     p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image (~2x network time)")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
-    p.add_argument("--sensor-height", default="auto", help="metres from the sensor down to the ground, or 'auto'")
     p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None,
                    help="known mounting tilt (default: estimated from each cloud)")
     p.add_argument("--intensity-scale", type=float, default=None, help="full-scale intensity (255 Livox, 1 for 0-1)")
@@ -48,7 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
     p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
-    add_threads_argument(p)
     from livox_infer.tools.fleet import add_arguments as add_fleet_arguments
 
     add_fleet_arguments(p)
@@ -56,11 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_rig_arguments(p: argparse.ArgumentParser) -> None:
-    from livox_infer.presets import SENSOR_PRESETS
-
-    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
-                   help="apply config/<sensor>.yaml as the node does (thresholds, ROI, range, tag filter, sensor "
-                        "height, grid); --device/--no-compile/--weights/--aoti-package still apply")
+    add_cli_options(p, ("sensor",), sensor=None, helps={"sensor": "apply the preset config/<sensor>.param.yaml as the "
+                    "node does (ROI, range, tag filter, sensor height, grid); --device/--compile/--weights/"
+                    "--aoti-package still apply"})
     p.add_argument("--rig", default=None, help="rig YAML (docs/rigs.md): INPUT is a directory with one sub-folder "
                    "per rig sensor; their clouds are merged into the rig's output frame and detected once")
     p.add_argument("--accumulate-frames", type=int, default=1, help="detect on the last N frames stacked")

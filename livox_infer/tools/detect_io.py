@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 
-from livox_infer.errors import ConfigError, PointCloudError
+from livox_infer.errors import PointCloudError
 from livox_infer.decode.pointcloud import Cloud
 
 
@@ -20,11 +20,10 @@ DETECTIONS_TOPIC = "/livox_infer/detections"
 
 def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
     """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
-    try:
-        sh = args.sensor_height if args.sensor_height == "auto" else float(args.sensor_height)
-    except ValueError:
-        raise ConfigError(f"--sensor-height must be metres or 'auto', got {args.sensor_height!r}") from None
-    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=not args.no_compile,
+    from livox_infer.params import parse_sensor_height
+
+    sh = parse_sensor_height(args.sensor_height)  # a Namespace built in code (fleet settings) is checked too
+    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
                 sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
                 intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
                 tag_filter=args.tag_filter, aoti_package=args.aoti_package, test_time_flip=args.test_time_flip,

@@ -25,6 +25,7 @@ from livox_infer.detector.aoti import (
 )
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
+from livox_infer.params import DEFAULTS
 from livox_infer.threads import add_threads_argument
 from livox_infer.detector.postprocess import build_inference_model
 
@@ -66,7 +67,9 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, devic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
+    # --model as in every other command; --config, the older spelling, is what the docs show
+    p.add_argument("--model", "--config", dest="model", default=DEFAULTS["model"],
+                   help="model config name (models/<name>.yaml) or path (default %(default)s)")
     p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
     p.add_argument("--device", default="cpu", help="cpu | cuda: what the package will run on")
     p.add_argument("--out", default=None, help="package path (default: <config>.<device>.pt2 in the current directory)")
@@ -79,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = ModelConfig.load(args.config)
+        cfg = ModelConfig.load(args.model)
         if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {args.device!r}")
         weights = Path(args.weights) if args.weights else cfg.weights_path()

@@ -1,0 +1,310 @@
+"""The detector's run-time parameters, defined once (ROS-free).
+
+One table (:data:`PARAMS`) gives each parameter its type, default, range or choices, meaning, whether it is
+read-only, and how a change takes effect (a new pipeline, in place, or the node only). The per-class score
+thresholds are not in the table: they come from the loaded model's own classes and ``score_thresholds``
+(models/<name>.yaml, their one owner) via :func:`class_params`. Everything else derives from here: the node's
+declared parameters, :func:`validate` (the node, the presets), :func:`pipeline_options` (node / preset values ->
+``DetectionPipeline`` keyword arguments), the pipeline's constructor defaults and sensor-height check, the CLI
+options shared by detect / eval / bench / run (:func:`add_cli_options`), the launch file's arguments, and the
+generated artefacts (config/detector.param.yaml, schema/detector.schema.json, docs/parameters.md:
+``livox-infer params --write``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
+from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, TAG_FILTER_MODES
+from livox_infer.errors import ConfigError
+from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS
+
+SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
+DEVICES = ("auto", "cpu", "cuda")
+INPUT_TYPES = ("pointcloud2", "custom_msg")
+SENSOR_HEIGHT_RANGE = (0.0, 9.5)  # metres; a roof or mast mount, never below the ground
+SCORE_THRESHOLD_PREFIX = "score_threshold_"
+
+# How a change of a parameter takes effect.
+REBUILD = "rebuild"  # a new pipeline (network, device, weights)
+UPDATE = "update"  # DetectionPipeline.update(), in place
+NODE = "node"  # the node alone; the pipeline never sees it
+
+TYPES = ("bool", "int", "double", "string", "double[]", "string[]")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str  # one of TYPES (ROS 2 parameter types)
+    default: Any  # None: an array that may stay unset
+    doc: str
+    range: tuple[float, float] | None = None  # inclusive
+    choices: tuple[str, ...] | None = None
+    read_only: bool = False
+    applies: str = UPDATE
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` is not valid for this parameter (type, range, choices), or None."""
+        if value is None and self.default is None:
+            return None
+        kind = self.type
+        if kind == "bool" and not isinstance(value, bool):
+            return f"{self.name} must be true or false, got {value!r}"
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{self.name} must be an integer, got {value!r}"
+        if kind == "double" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                 or not math.isfinite(value)):
+            return f"{self.name} must be a number, got {value!r}"
+        if kind == "string" and not isinstance(value, str):
+            return f"{self.name} must be a string, got {value!r}"
+        if kind.endswith("[]") and not isinstance(value, (list, tuple)):
+            return f"{self.name} must be a list, got {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"{self.name} must be one of {list(self.choices)}, got {value!r}"
+        if self.range is not None and not self.range[0] <= value <= self.range[1]:
+            lo, hi = self.range
+            noun = "an integer" if kind == "int" else "a number"
+            return f"{self.name} must be {noun} in [{lo}, {hi}], got {value!r}"
+        return None
+
+
+PARAMS: tuple[Param, ...] = (
+    Param("sensor", "string", "avia", "Livox sensor preset: config/<sensor>.param.yaml over config/detector.param.yaml.",
+          choices=SENSOR_PRESETS, read_only=True, applies=NODE),
+    Param("input_topic", "string", "/livox/lidar", "Input cloud topic (sensor_msgs/PointCloud2 or livox CustomMsg).",
+          read_only=True, applies=NODE),
+    Param("input_type", "string", "pointcloud2", "Input message type: pointcloud2, or custom_msg "
+          "(livox_ros_driver2/CustomMsg, needs that interface package installed).",
+          choices=INPUT_TYPES, read_only=True, applies=NODE),
+    Param("input_topics", "string[]", None, "Several input topics whose clouds already share one frame (e.g. the "
+          "driver applied its extrinsics): merged by stamp, detected once. Unset = input_topic.",
+          read_only=True, applies=NODE),
+    Param("rig", "string", "", "Rig YAML (docs/rigs.md): one topic per sensor with its extrinsic; clouds moved into "
+          "the rig's output_frame, merged by stamp, detected once; its bev_extent and sensor_height apply.",
+          read_only=True, applies=NODE),
+    Param("odometry_topic", "string", "", "nav_msgs/Odometry of the output (or cloud) frame: accumulated frames are "
+          "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True, applies=NODE),
+    Param("accumulate_frames", "int", 1, "Detect on the last N frames stacked (1 = each frame alone; the lite "
+          "weights were trained on single frames).", range=(1, MAX_FRAMES), read_only=True, applies=NODE),
+    Param("accumulate_ms", "double", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit).",
+          range=(0.0, MAX_WINDOW_MS), read_only=True, applies=NODE),
+    Param("device", "string", "auto", "Compute device: auto (cuda if available, else cpu), cpu or cuda.",
+          choices=DEVICES, applies=REBUILD),
+    Param("model", "string", "lite", "Model config: a name in the package's models/ directory or a path to its YAML "
+          "(BEV grid, classes, score thresholds, default weights).", applies=REBUILD),
+    Param("weights", "string", "", "Path to .safetensors weights; empty = the model config's default.",
+          applies=REBUILD),
+    Param("use_compile", "bool", True, "torch.compile the network: slower first frames, faster steady state.",
+          applies=REBUILD),
+    # read-only: a package is native code, so which one runs is decided at start-up, not over the network
+    Param("aoti_package", "string", "", "AOTInductor package (.pt2) from `livox-infer export`: the network compiled "
+          "ahead of time with its weights, no compiler needed; empty = off. Only packages listed in the export "
+          "manifest are loaded (docs/detector.md, Trust model).", read_only=True, applies=REBUILD),
+    Param("test_time_flip", "bool", False, "Also run the mirrored frame and average the two (~+11 ms compiled "
+          "network time on 1 core; with the shipped refiner no AP gain, docs/detector.md).", applies=REBUILD),
+    Param("refine", "bool", True, "Stage 2: re-score and refine the best candidates with the points inside them "
+          "(models with a refine section; docs/detector.md). false: stage 1 alone, a few ms faster."),
+    Param("roi_x_min", "double", 0.0, "Region of interest x min (m, cloud frame: x forward); points outside are "
+          "dropped.", range=(-500.0, 500.0)),
+    Param("roi_x_max", "double", 80.0, "Region of interest x max (m).", range=(-500.0, 500.0)),
+    Param("roi_y_min", "double", -40.0, "Region of interest y min (m, y left).", range=(-500.0, 500.0)),
+    Param("roi_y_max", "double", 40.0, "Region of interest y max (m).", range=(-500.0, 500.0)),
+    Param("roi_z_min", "double", -3.0, "Region of interest z min (m, sensor frame, z up).", range=(-50.0, 50.0)),
+    Param("roi_z_max", "double", 3.0, "Region of interest z max (m, sensor frame).", range=(-50.0, 50.0)),
+    Param("bev_extent", "double[]", None, "Detection grid [x_min, x_max, y_min, y_max] (m, multiples of the model's "
+          "coarsest cell, 3.2 m for lite): the same weights on a grid that fits the sensor; unset = the model's "
+          "grid (docs/rigs.md).", applies=REBUILD),
+    Param("max_range", "double", 90.0, "Drop points farther than this from the sensor (m).", range=(0.5, 1000.0)),
+    Param("max_points", "int", DEFAULT_MAX_POINTS, "Point budget per cloud (after the filters): a larger cloud is "
+          "thinned evenly to this many points (counted as frames_over_budget, warned).", range=MAX_POINTS_RANGE),
+    Param("tag_filter", "string", "high_confidence", "Livox tag noise filter: off, high_confidence (drop points "
+          "Livox flags as high-confidence noise) or strict.", choices=TAG_FILTER_MODES),
+    Param("intensity_scale", "double", 255.0, "Full-scale intensity of the input (255 for Livox reflectivity, 1.0 "
+          "for clouds already in 0-1); the model sees intensity / intensity_scale.", range=(1e-3, 1e6)),
+    Param("sensor_height", "double", 1.8, "How far the ground lies below the sensor origin (m; 1.8 = a typical roof "
+          "mount); ignored when estimate_ground is true.", range=SENSOR_HEIGHT_RANGE),
+    Param("estimate_ground", "bool", False, "Estimate the sensor height from each cloud's ground points instead of "
+          "sensor_height."),
+    Param("frame_id", "string", "", "Output frame_id; empty = the input cloud's frame_id.", applies=NODE),
+    Param("publish_markers", "bool", True, "Publish ~/markers (RViz boxes and labels).", applies=NODE),
+    Param("threads", "int", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its "
+          "pools; 0 = torch's default (one per core). 1 keeps p99 bounded on a busy CPU (docs/performance.md).",
+          range=(0, MAX_THREADS), read_only=True, applies=NODE),
+    Param("diagnostics_period", "double", 1.0, "Seconds between /diagnostics messages.", range=(0.1, 60.0),
+          read_only=True, applies=NODE),
+    Param("latency_window", "int", 300, "Frames kept per stage for the latency mean/p50/p99 in the diagnostics.",
+          range=(10, 100_000), read_only=True, applies=NODE),
+)
+BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
+
+
+def class_params(model: Any = None) -> tuple[Param, ...]:
+    """``score_threshold_<class>`` for each class of ``model`` (a name, a YAML path or a ModelConfig; default the
+    table's model), defaulting to the model config's ``score_thresholds``."""
+    from livox_infer.detector.config import ModelConfig
+
+    cfg = model if isinstance(model, ModelConfig) else ModelConfig.load(model or DEFAULTS["model"])
+    return tuple(Param(f"{SCORE_THRESHOLD_PREFIX}{name}", "double", float(threshold),
+                       f"Minimum score of a published {name} (default: the model config's score_thresholds).",
+                       range=(0.0, 1.0))
+                 for name, threshold in zip(cfg.classes, cfg.score_thresholds))
+
+
+def parameters(model: Any = None) -> tuple[Param, ...]:
+    """Every parameter of a node running ``model``: the table, then the model's class thresholds."""
+    return PARAMS + class_params(model)
+
+
+def is_class_param(name: str) -> bool:
+    return name.startswith(SCORE_THRESHOLD_PREFIX)
+
+
+def validate(values: Mapping[str, Any], params: Iterable[Param] | None = None) -> str | None:
+    """Why ``values`` (a full set, as the node holds it) are not valid, or None: each value against its
+    parameter, then the checks across parameters."""
+    params = PARAMS if params is None else params
+    for param in params:
+        reason = param.check(values.get(param.name))
+        if reason:
+            return reason
+    return _cross_check(values)
+
+
+def _cross_check(values: Mapping[str, Any]) -> str | None:
+    for axis in "xyz":
+        lo, hi = values[f"roi_{axis}_min"], values[f"roi_{axis}_max"]
+        if lo >= hi:
+            return (f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi}); to move the range past "
+                    "its other end, change both in one request (ros2 param load, set_parameters_atomically)")
+    if not str(values["model"]).strip():
+        return "model must name a model config"
+    extent = values.get("bev_extent")
+    if extent is not None:
+        if len(extent) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in extent):
+            return f"bev_extent must be 4 numbers [x_min, x_max, y_min, y_max], got {list(extent)!r}"
+        if not (extent[0] < extent[1] and extent[2] < extent[3]):
+            return f"bev_extent needs x_min < x_max and y_min < y_max, got {list(extent)!r}"
+    topics = values.get("input_topics")
+    if topics is not None:
+        if not topics or any(not str(t).startswith("/") for t in topics) or len(set(topics)) != len(topics):
+            return f"input_topics must be distinct absolute topic names, got {list(topics)!r}"
+        if values.get("rig"):
+            return "give either rig (its sensors name their topics) or input_topics, not both"
+    return None
+
+
+def parse_sensor_height(value: Any) -> float | str:
+    """The one sensor-height encoding the pipeline and the CLIs take: metres in SENSOR_HEIGHT_RANGE, or "auto"
+    (estimate_ground: true). Numbers given as text (a CLI flag) are parsed."""
+    if value == "auto":
+        return "auto"
+    lo, hi = SENSOR_HEIGHT_RANGE
+    try:
+        metres = float(value) if isinstance(value, str) else value
+    except ValueError:
+        metres = None
+    if isinstance(metres, bool) or not isinstance(metres, (int, float)) or not math.isfinite(metres) \
+            or not lo <= metres <= hi:
+        raise ConfigError(f"sensor_height must be metres in [{lo}, {hi}] or 'auto', got {value!r}")
+    return float(metres)
+
+
+def pipeline_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Node / preset parameter values -> DetectionPipeline keyword arguments (constructor and update()).
+
+    Class thresholds absent from ``values`` stay the model's own (score_thresholds None)."""
+    try:
+        extent = values.get("bev_extent")
+        thresholds = {name[len(SCORE_THRESHOLD_PREFIX):]: float(v) for name, v in values.items()
+                      if is_class_param(name)}
+        return {
+            "model": values["model"],
+            "weights": values["weights"] or None,
+            "device": values["device"],
+            "compile": bool(values["use_compile"]),
+            "aoti_package": values["aoti_package"] or None,
+            "test_time_flip": bool(values["test_time_flip"]),
+            "refine": bool(values["refine"]),
+            "score_thresholds": thresholds or None,
+            "roi": tuple(float(values[f"roi_{a}_{b}"]) for b in ("min", "max") for a in "xyz"),
+            "max_range": float(values["max_range"]),
+            "max_points": int(values.get("max_points", DEFAULT_MAX_POINTS)),
+            "tag_filter": values["tag_filter"],
+            "intensity_scale": float(values["intensity_scale"]),
+            "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
+            "bev_extent": tuple(float(v) for v in extent) if extent else None,
+        }
+    except KeyError as exc:
+        raise ConfigError(f"sensor parameters lack {exc}") from None
+
+
+def changed_applies(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """Names whose value differs between ``old`` and ``new`` and whose change needs a new pipeline."""
+    return {k for k in new if new[k] != old.get(k) and k in BY_NAME and BY_NAME[k].applies == REBUILD}
+
+
+# ---------------------------------------------------------------------------------------------- CLI options
+def parse_bool(text: str) -> bool:
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _sensor_height_arg(text: str) -> float | str:
+    try:
+        return parse_sensor_height(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+CLI_OPTIONS = ("model", "weights", "compile", "device", "sensor", "sensor_height", "threads")
+
+
+def _cli_option(name: str, defaults: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(flag, add_argument keywords) of a shared option."""
+    if name == "model":
+        return "--model", dict(default=defaults.get("model", DEFAULTS["model"]),
+                               help="model config: lite, full or a YAML path (default %(default)s)")
+    if name == "weights":
+        return "--weights", dict(default=defaults.get("weights"), help="safetensors weights (default: the model config's)")
+    if name == "compile":
+        return "--compile", dict(action=argparse.BooleanOptionalAction,
+                                 default=defaults.get("compile", DEFAULTS["use_compile"]),
+                                 help=f"{BY_NAME['use_compile'].doc} (default %(default)s)")
+    if name == "device":
+        return "--device", dict(default=defaults.get("device", DEFAULTS["device"]), choices=DEVICES,
+                                help="compute device (default %(default)s)")
+    if name == "sensor":
+        return "--sensor", dict(default=defaults.get("sensor", DEFAULTS["sensor"]), choices=SENSOR_PRESETS,
+                                help=f"{BY_NAME['sensor'].doc} (default %(default)s)")
+    if name == "sensor_height":
+        lo, hi = SENSOR_HEIGHT_RANGE
+        return "--sensor-height", dict(type=_sensor_height_arg, default=defaults.get("sensor_height", "auto"),
+                                       help=f"metres from the sensor down to the ground ([{lo}, {hi}]), or 'auto': "
+                                            "estimated per cloud (default %(default)s)")
+    raise ValueError(f"no shared CLI option {name!r}; shared: {CLI_OPTIONS}")
+
+
+def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_OPTIONS,
+                    helps: Mapping[str, str] | None = None, **defaults: Any) -> None:
+    """The options the commands share, one spelling each: --model, --weights, --compile/--no-compile, --device,
+    --sensor, --sensor-height, --threads; defaults from the table unless a command passes its own (None =
+    "not given": the preset's value applies); ``helps`` replaces an option's help text."""
+    helps = helps or {}
+    for name in names:
+        if name == "threads":
+            from livox_infer.threads import add_threads_argument
+
+            add_threads_argument(parser, default=defaults.get("threads", DEFAULT_THREADS))
+            continue
+        flag, kwargs = _cli_option(name, defaults)
+        parser.add_argument(flag, **{**kwargs, "help": helps.get(name, kwargs["help"])})
