@@ -30,9 +30,9 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 MODEL_CARDS = sorted((REPO / "models").glob("*.md"))
 DOC_FILES = [README, *DOCS, *MODEL_CARDS]
 
-# A generated page that another change adds together with its generator (livox_infer/params.py):
-# links to it are checked once the generator exists.
-GENERATED = {"docs/parameters.md": "livox_infer/params.py"}
+# Files that other parts of issue 17 add (the parameter page with its generator livox_infer/params.py; the
+# training recipe): a mention is checked once they exist. Remove an entry when its change has landed.
+PENDING = {"docs/parameters.md": "livox_infer/params.py", "models/lite.train.yaml": "models/lite.train.yaml"}
 
 
 def _rel(p: Path) -> str:
@@ -114,7 +114,7 @@ def _mentioned_paths(doc: Path) -> set[str]:
 
 
 def _exists(path: str) -> bool:
-    if path in GENERATED and not (REPO / GENERATED[path]).exists():
+    if path in PENDING and not (REPO / PENDING[path]).exists():
         return True
     return (REPO / path).exists()
 
@@ -340,7 +340,7 @@ def test_make_test_fast_deselects_slow_tests_and_make_test_runs_all():
     full = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
     assert fast and full
     assert "-m 'not slow'" in fast.group(1) or '-m "not slow"' in fast.group(1)
-    assert " -m " not in full.group(1)  # CI's lane deselects nothing
+    assert not re.search(r"pytest[^|]*\s-m\s", full.group(1))  # CI's lane deselects nothing
     ini = (REPO / "pytest.ini").read_text()
     assert re.search(r"^\s+slow:", ini, flags=re.M), "the slow marker is registered"
     head = README.read_text().split("\n## ", 1)[0]
