@@ -96,6 +96,26 @@ def test_detector_model_table_matches_the_model_configs(model_grids):
         assert _numbers(rows["grid x, y (m)"][col]) == [*g.x_range, *g.y_range], cfg.name
 
 
+def test_detector_page_facts_about_the_shipped_weights():
+    """Parameter counts, largest value and content hash that docs/detector.md states for models/lite.safetensors."""
+    from safetensors.torch import load_file
+
+    from livox_infer.detector.weights import read_metadata
+
+    path = REPO / "models/lite.safetensors"
+    tensors = load_file(str(path))
+    learned = {k: v for k, v in tensors.items() if "running_" not in k and "num_batches" not in k}
+    stage1 = sum(v.numel() for k, v in learned.items() if not k.startswith("refiner."))
+    stage2 = sum(v.numel() for k, v in learned.items() if k.startswith("refiner."))
+    rows = {c[0]: c[1:] for c in _table_rows((REPO / "docs/detector.md").read_text(), "| | lite")}
+    m, k = _numbers(rows["parameters"][0])[:2]
+    assert round(stage1 / 1e6, 2) == m and round(stage2 / 1e3) == k, (stage1, stage2)
+    largest = max(float(v.abs().max()) for v in tensors.values() if v.is_floating_point())
+    text = (REPO / "docs/detector.md").read_text()
+    assert f"the shipped lite file's largest is {largest:.0f}" in text
+    assert "content_sha256" in read_metadata(path) and "`lite.safetensors` records one" in text
+
+
 # ------------------------------------------------------------------------------------------ paths and links
 _PATH = re.compile(r"(?<![\w/.~$-])((?:livox_infer|docs|models|config|scripts|test|launch)/[\w./-]*[\w/])")
 _LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
@@ -189,6 +209,26 @@ def test_readme_command_parses_with_the_real_cli(argv):
     except SystemExit as exc:
         pytest.fail(f"`livox-infer {' '.join(argv)}` does not parse (exit {exc.code})")
     assert args.command == argv[0]
+
+
+@pytest.mark.slow  # builds the eager pipeline and detects one real scan: ~5 s
+def test_readme_python_block_runs_as_written():
+    if not (REPO.parent / "shared/data/livox_horizon").is_dir():
+        pytest.skip("../shared/data is not here")
+    block = re.search(r"```python\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    import contextlib
+    import io
+    import os
+
+    out = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    assert "(" in out.getvalue()  # it printed the boxes' shape
 
 
 def test_readme_pipes_go_into_real_programs():
