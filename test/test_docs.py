@@ -96,6 +96,34 @@ def test_detector_model_table_matches_the_model_configs(model_grids):
         assert _numbers(rows["grid x, y (m)"][col]) == [*g.x_range, *g.y_range], cfg.name
 
 
+def test_rigs_page_preset_grids_match_the_presets(model_grids):
+    """docs/rigs.md's per-sensor grid table: each preset's bev_extent and the cells it makes on the lite grid."""
+    from livox_infer.presets import load_preset
+
+    cell = model_grids["lite"].grid.cell_size
+    rows = {c[0]: c[1:] for c in _table_rows((REPO / "docs/rigs.md").read_text(), "| preset | `bev_extent`")}
+    for sensor in ("mid40", "mid70", "tele15", "horizon", "avia"):
+        x0, x1, y0, y1 = (float(v) for v in load_preset(sensor)["bev_extent"])
+        nums = _numbers(rows[sensor][0].replace("..", " "))
+        assert nums[:2] == [x0, x1] and abs(nums[2]) == y1 == -y0, sensor
+        assert _numbers(rows[sensor][1]) == [round((x1 - x0) / cell), round((y1 - y0) / cell)], sensor
+
+
+def test_node_page_preset_table_matches_the_presets():
+    """docs/node.md's preset table: ROI x / y / z and max_range of each sensor preset."""
+    from livox_infer.presets import load_preset
+
+    rows = {c[0]: c[1:] for c in _table_rows((REPO / "docs/node.md").read_text(), "| preset | FOV")}
+    for sensor in ("mid40", "mid70", "tele15", "horizon", "avia"):
+        p = load_preset(sensor)
+        x, y, z = (_numbers(part.replace("\u2013", " ").replace("–", " ").replace("±", ""))
+                   for part in rows[sensor][1].split("/"))
+        assert x == [p["roi_x_min"], p["roi_x_max"]], sensor
+        assert y == [p["roi_y_max"]] and p["roi_y_min"] == -p["roi_y_max"], sensor
+        assert z == [p["roi_z_min"], p["roi_z_max"]], sensor
+        assert _numbers(rows[sensor][2]) == [p["max_range"]], sensor
+
+
 def test_detector_page_facts_about_the_shipped_weights():
     """Parameter counts, largest value and content hash that docs/detector.md states for models/lite.safetensors."""
     from safetensors.torch import load_file
