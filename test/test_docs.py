@@ -138,6 +138,11 @@ def test_detector_page_facts_about_the_shipped_weights():
     rows = {c[0]: c[1:] for c in _table_rows((REPO / "docs/detector.md").read_text(), "| | lite")}
     m, k = _numbers(rows["parameters"][0])[:2]
     assert round(stage1 / 1e6, 2) == m and round(stage2 / 1e3) == k, (stage1, stage2)
+    from livox_infer.detector.config import ModelConfig
+    from livox_infer.detector.network import build_model
+
+    full = sum(p.numel() for p in build_model(ModelConfig.load("full")).parameters())
+    assert _numbers(rows["parameters"][1]) == [round(full / 1e6, 1)], full
     largest = max(float(v.abs().max()) for v in tensors.values() if v.is_floating_point())
     text = (REPO / "docs/detector.md").read_text()
     assert f"the shipped lite file's largest is {largest:.0f}" in text
