@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 MAX_TILT_DEG = 15.0  # estimates tilted more than this are rejected as implausible
 
@@ -52,8 +53,15 @@ def levelling_rotation(up: np.ndarray) -> np.ndarray:
     return np.eye(3) + s * kx + (1 - c) * (kx @ kx)
 
 
-def level_points(points: np.ndarray, mount: Mount) -> np.ndarray:
-    """(N, 4) sensor frame -> levelled frame with the ground at z ~ 0 (a new array)."""
+def level_points(points, mount: Mount):
+    """(N, 3+) sensor frame -> levelled frame with the ground at z ~ 0: a new float32 numpy array, or for a
+    torch tensor a new tensor on its device (the pipeline levels on the compute device)."""
+    if isinstance(points, torch.Tensor):
+        xyz = points[:, :3]
+        if mount.up != (0.0, 0.0, 1.0):
+            xyz = xyz @ torch.as_tensor(mount.rotation(), dtype=points.dtype, device=points.device).T
+        xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
+        return torch.cat([xyz, points[:, 3:]], dim=1)
     out = np.array(points, dtype=np.float32, copy=True)
     if mount.up != (0.0, 0.0, 1.0):
         out[:, :3] = out[:, :3] @ mount.rotation().T.astype(np.float32)

@@ -32,7 +32,6 @@ from livox_infer.detector.boxes import axis_angle
 from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.detector.postprocess import build_inference_model, select_detections
-from livox_infer.detector.refine import refine_candidates
 from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
     Cloud,
@@ -222,7 +221,7 @@ class DetectionPipeline:
         with self.startup.phase("weights"):
             infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
-        self._refiner = infer.net.refiner
+        self._stage2 = infer.net if self.cfg.refine else None  # the detector module runs its own stage 2
         self._eager = infer
         self._runner = infer
         self.compiled = False
@@ -241,7 +240,7 @@ class DetectionPipeline:
             raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")
         self.weights_meta = {k: v for k, v in runner.metadata.items() if k in ("trained", "weights_file", "weights_sha256")}
         self.weights_file = path
-        self._refiner = None
+        self._stage2 = None
         if self.cfg.refine:  # stage 2 runs eagerly from the weights file the package was exported from
             from livox_infer.detector.network import build_model
             from livox_infer.detector.weights import load_weights
@@ -252,7 +251,7 @@ class DetectionPipeline:
                                    "pass weights=<the file it was exported from>")
             net = build_model(self.cfg)
             load_weights(net, self.cfg, source)
-            self._refiner = net.refiner.to(self.device).eval()
+            self._stage2 = net.to(self.device).eval()
         self._eager = None
         self._runner = runner
         self.compiled = True
@@ -394,9 +393,8 @@ class DetectionPipeline:
         points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
         self._input.copy_(self.voxelizer(points)[None])
         scores, labels, boxes = self._runner(self._input)
-        if self._refiner is not None:
-            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes, points,
-                                                      scores, labels, boxes, self.grid.intensity_scale)
+        if self._stage2 is not None:
+            scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
         if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
             raise WeightsError(f"cannot load {self.weights_file}: the network gives non-finite outputs on a "
                                "known synthetic frame")
@@ -436,13 +434,10 @@ class DetectionPipeline:
         t1 = time.perf_counter()
         mount = self.current_mount(cloud.points)
         t_ground = time.perf_counter()
-        pts = torch.from_numpy(cloud.points).to(self.device)
         # level + shift so the ground is at z ~ 0 (a copy: the caller's array is untouched)
-        rot = torch.as_tensor(mount.rotation(), dtype=torch.float32, device=self.device)
-        xyz = pts[:, :3] @ rot.T if mount.up != (0.0, 0.0, 1.0) else pts[:, :3]
-        xyz = xyz + xyz.new_tensor([0.0, 0.0, mount.height])
-        # use_intensity false: the detector was trained not to rely on a sensor's intensity scale
-        levelled = torch.cat([xyz, pts[:, 3:4] if self.cfg.use_intensity else torch.zeros_like(pts[:, 3:4])], dim=1)
+        levelled = level_points(torch.from_numpy(cloud.points).to(self.device), mount)
+        if not self.cfg.use_intensity:  # the detector was trained not to rely on a sensor's intensity scale
+            levelled[:, 3] = 0.0
         bev = self.voxelizer(levelled)
         self._input.copy_(bev[None])
         self._sync()
@@ -451,9 +446,8 @@ class DetectionPipeline:
         self._sync()
         t3 = time.perf_counter()
         p = self._params
-        if self._refiner is not None and p["refine"]:
-            scores, labels, boxes = refine_candidates(self._refiner, self.cfg.refine, self.cfg.num_classes, levelled,
-                                                      scores, labels, boxes, self.grid.intensity_scale)
+        if self._stage2 is not None and p["refine"]:
+            scores, labels, boxes = self._stage2.refine(levelled, scores, labels, boxes, self.grid.intensity_scale)
             self._sync()
         t_refine = time.perf_counter()
         scores, labels, boxes = select_detections(

@@ -10,10 +10,10 @@ import torch
 from conftest import SHARED_DATA
 from livox_infer.errors import ConfigError
 from livox_infer.evaluation.real import (
-    detect_views, evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
+    evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
 )
 from livox_infer.evaluation.metrics import FrameBoxes
-from livox_infer.evaluation.simulated import scan_detector
+from livox_infer.evaluation.real import evaluate_real
 
 REAL_DEV = SHARED_DATA / "real_dev"
 
@@ -136,10 +136,10 @@ def test_shipped_weights_on_real_dev():
     from livox_infer.pipeline import DetectionPipeline
 
     torch.set_num_threads(2)
-    views = load_real_dir(REAL_DEV)
-    assert sum(int((~v.gt_ignore & (v.gt.labels == 0)).sum()) for v in views) == 96  # cars scored (issue 16)
     pipe = DetectionPipeline("lite", compile=False, sensor_height="auto", score_thresholds=0.1)
-    res = evaluate_views(views, detect_views(views, scan_detector(pipe)))["all"]
+    results, views, _ = evaluate_real(REAL_DEV, pipe)
+    assert sum(int((~v.gt_ignore & (v.gt.labels == 0)).sum()) for v in views) == 96  # cars scored (issue 16)
+    res = results["all"]
     for (cls, key), lo in REAL_MIN_AP.items():
         assert res.ap[cls][key] >= lo, f"{cls} {key} {res.ap[cls][key]:.3f} < {lo}"
 

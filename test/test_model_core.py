@@ -14,7 +14,8 @@ from livox_infer.detector import InferenceModel, ModelConfig, build_model, load_
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.metrics import average_precision_r40
 from livox_infer.training.losses import detection_loss
-from livox_infer.detector.network import ResidualBlock, fuse_batchnorm
+from livox_infer.detector.backbone import ResidualBlock
+from livox_infer.detector.network import fuse_batchnorm
 from livox_infer.detector.postprocess import select_detections, topk_decode
 from livox_infer.training.targets import build_targets
 
@@ -210,7 +211,7 @@ def test_weights_rejects_tampered_tensors(tmp_path):
     with pytest.raises(WeightsError, match="missing"):
         load_weights(net, cfg, bad)
     state = {k: v.clone() for k, v in net.state_dict().items()}
-    k = "heatmap.weight"
+    k = "head.heatmap.weight"
     state[k] = torch.full_like(state[k], float("nan"))
     save_file(state, str(bad), metadata=meta)
     with pytest.raises(WeightsError, match="NaN"):
@@ -259,7 +260,7 @@ def test_weights_reject_absurd_values_even_with_a_matching_hash(tmp_path):
     net = build_model(cfg)
 
     def scaled(state):
-        state["heatmap.weight"] *= 1e30
+        state["head.heatmap.weight"] *= 1e30
 
     with pytest.raises(WeightsError, match="beyond"):
         load_weights(net, cfg, _resave(tmp_path, net, cfg, scaled, keep_hash=False))
@@ -279,7 +280,7 @@ def test_weights_content_hash_catches_altered_data(tmp_path):
     net = build_model(cfg)
 
     def nudged(state):
-        state["heatmap.weight"][0, 0, 0, 0] += 0.01  # plausible, finite: only the hash can tell
+        state["head.heatmap.weight"][0, 0, 0, 0] += 0.01  # plausible, finite: only the hash can tell
 
     with pytest.raises(WeightsError, match="content hash"):
         load_weights(net, cfg, _resave(tmp_path, net, cfg, nudged))
@@ -546,10 +547,10 @@ def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
     plain = _saved_network(plain_cfg, p)
     cfg = _new_network_config()
     net = build_model(cfg).eval()
-    fresh_iou_row = net.regression[1].weight[8:].clone()
-    assert sorted(warm_start(net, cfg, p)) == ["regression.1.bias", "regression.1.weight", "stem.0.0.weight"]
-    assert torch.equal(net.regression[1].weight[8:], fresh_iou_row)
-    assert not net.stem[0][0].weight[:, 5:7].any()
+    fresh_iou_row = net.head.regression[1].weight[8:].clone()
+    assert sorted(warm_start(net, cfg, p)) == ["backbone.stem.0.0.weight", "head.regression.1.bias", "head.regression.1.weight"]
+    assert torch.equal(net.head.regression[1].weight[8:], fresh_iou_row)
+    assert not net.backbone.stem[0][0].weight[:, 5:7].any()
     bev_old = torch.rand(1, *plain_cfg.grid.shape)
     bev_new = torch.cat([bev_old[:, :5], torch.rand(1, 2, *plain_cfg.grid.shape[1:]), bev_old[:, 5:]], dim=1)
     with torch.no_grad():
@@ -606,7 +607,7 @@ def test_warm_start_adds_residual_blocks_as_the_identity(tmp_path):
     grown = build_model(cfg).eval()
     added = warm_start(grown, cfg, p)
     assert added and all(".body." in k for k in added)
-    assert {k.split(".body.")[0] for k in added} == {"stages.0.1", "stages.1.1", "stages.1.2", "head_blocks.0"}
+    assert {k.split(".body.")[0] for k in added} == {"backbone.stages.0.1", "backbone.stages.1.1", "backbone.stages.1.2", "head.blocks.0"}
     bev = torch.rand(1, *cfg.grid.shape) * (torch.rand(1, 1, *cfg.grid.shape[1:]) < 0.2)
     with torch.no_grad():
         want = small(bev)
@@ -649,3 +650,36 @@ def test_mirror_bev_equals_voxelizing_the_mirrored_cloud():
         assert torch.equal(got[0] > 0, occupied)
         assert torch.allclose(got, want, atol=2.0 / 512 + 1e-6)
         assert not got[:, ~occupied].any()
+
+
+def test_weights_saved_before_the_backbone_neck_head_split_load_unchanged(tmp_path):
+    """Files written with the pre-split tensor names (stem., stages., laterals., fuse., head_blocks., heatmap.,
+    regression.) load into today's modules with the same outputs; their content hash covers the saved names."""
+    from safetensors.torch import load_file, save_file
+
+    from livox_infer.detector.network import LEGACY_PREFIXES
+    from livox_infer.detector.weights import CONTENT_HASH_KEY, content_sha256, read_metadata
+
+    cfg = ModelConfig.load("lite")
+    net = build_model(cfg).eval()
+    new = tmp_path / "new.safetensors"
+    save_weights(net, cfg, new)
+    state = load_file(str(new))
+    back = {new_p: old_p for old_p, new_p in LEGACY_PREFIXES}
+    legacy = {}
+    for k, v in state.items():
+        for new_p, old_p in back.items():
+            if k.startswith(new_p):
+                k = old_p + k[len(new_p):]
+                break
+        legacy[k] = v
+    assert any(k.startswith("stem.") for k in legacy) and not any(k.startswith("backbone.") for k in legacy)
+    meta = {**read_metadata(new), CONTENT_HASH_KEY: content_sha256(legacy)}
+    old = tmp_path / "old.safetensors"
+    save_file(legacy, str(old), metadata=meta)
+    other = build_model(cfg).eval()
+    load_weights(other, cfg, old)
+    bev = torch.rand(1, *cfg.grid.shape)
+    with torch.no_grad():
+        a, b = net(bev), other(bev)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -146,3 +146,19 @@ def test_level_and_unlevel_boxes_round_trip():
     # a point at a box centre stays at the box centre when levelled
     c = np.c_[b[:, :3], np.zeros(2)].astype(np.float32)
     assert np.allclose(level_points(c, m)[:, :3], lv[:, :3], atol=1e-4)
+
+
+def test_level_points_is_one_function_for_numpy_and_torch():
+    """The pipeline levels torch tensors on its device with the same function the tools use on numpy arrays."""
+    import torch
+
+    from livox_infer.ground import Mount, level_points
+
+    rng = np.random.default_rng(3)
+    pts = rng.uniform(-20, 20, (500, 4)).astype(np.float32)
+    mount = Mount.from_pitch_roll(1.7, 4.0, -2.0)
+    a = level_points(pts, mount)
+    b = level_points(torch.from_numpy(pts), mount)
+    assert isinstance(b, torch.Tensor) and b.shape == (500, 4)
+    np.testing.assert_allclose(b.numpy(), a, atol=1e-5)
+    assert np.array_equal(b[:, 3].numpy(), pts[:, 3]) and not np.shares_memory(a, pts)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from livox_infer.detector.boxes import box_corners
 from livox_infer.ros import messages as ros_msgs
 
 
@@ -21,7 +22,7 @@ def test_yaw_quaternion_round_trip(yaw):
 
 def test_box_corners_follow_size_heading_and_centre():
     box = np.array([10.0, -2.0, 0.5, 4.0, 2.0, 1.5, math.pi / 2])  # heading along +y
-    c = ros_msgs.box_corners(box)
+    c = box_corners(box)
     assert c.shape == (8, 3)
     np.testing.assert_allclose(c[:, :2].mean(axis=0), [10.0, -2.0], atol=1e-12)
     np.testing.assert_allclose(c[:4, 2], -0.25)

@@ -208,3 +208,13 @@ def quaternion_to_yaw(x: float, y: float, z: float, w: float) -> float:
     """Yaw (rotation about +z) of a quaternion, wrapped to [-pi, pi)."""
     yaw = math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
     return (yaw + math.pi) % (2.0 * math.pi) - math.pi
+
+
+def box_corners(box) -> np.ndarray:
+    """The 8 corners (8, 3) of one box [x, y, z, l, w, h, yaw] (numpy): 0-3 bottom, 4-7 top, counter-clockwise
+    as `bev_corners`."""
+    box = np.asarray(box, dtype=np.float64)[:7]
+    xy = bev_corners(torch.from_numpy(box[None]))[0].numpy()
+    z, h = box[2], box[5]
+    return np.concatenate([np.c_[xy, np.full(4, z - 0.5 * h)], np.c_[xy, np.full(4, z + 0.5 * h)]], axis=0)
+

@@ -19,6 +19,7 @@ from torch import nn
 
 from livox_infer.errors import WeightsError
 from livox_infer.detector.config import ModelConfig
+from livox_infer.detector.network import upgrade_state_keys
 
 FORMAT = "livox_infer.bev_detector.v1"
 CONTENT_HASH_KEY = "content_sha256"
@@ -118,7 +119,8 @@ def extent_free(arch: dict) -> dict:
 
 def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str, meta: dict[str, str]) -> None:
     """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
-    state = _read_state(path, map_location)
+    raw = _read_state(path, map_location)
+    state = upgrade_state_keys(raw)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
@@ -131,7 +133,7 @@ def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location:
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}, "
             f"wrong dtype {[f'{k}: {state[k].dtype}' for k in wrong_dtype[:5]]}"
         )
-    _check_values(state, path, meta)
+    _check_values(raw, path, meta)  # the content hash covers the names as saved
     model.load_state_dict(state)
 
 
@@ -181,7 +183,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     blocks start as the identity, so the warm-started network computes what the old one did (exactly;
     up to float rounding where a refiner gained inputs) until training teaches it to use them. Returns the
     names of the tensors that were grown or added; any other difference raises `WeightsError`."""
-    from livox_infer.detector.network import ResidualBlock
+    from livox_infer.detector.backbone import ResidualBlock
     from livox_infer.detector.refine import RoiRefiner
     from livox_infer.voxelize.grid import GridConfig
 
@@ -200,7 +202,8 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
     new_channels = cfg.grid.channel_names
     channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
-    state = _read_state(path, map_location)
+    raw = _read_state(path, map_location)
+    state = upgrade_state_keys(raw)
     own = model.state_dict()
     new_blocks = tuple(name + "." for name, m in model.named_modules() if isinstance(m, (ResidualBlock, RoiRefiner)))
     missing = sorted(k for k in set(own) - set(state) if not k.startswith(new_blocks))
@@ -208,7 +211,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     if missing or unexpected:
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{missing[:5]}, unexpected {unexpected[:5]}")
-    _check_values(state, path, meta)
+    _check_values(raw, path, meta)
     added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
     state.update({k: own[k] for k in added})
     grown = list(added)

@@ -76,33 +76,38 @@ def average_precision_r40(scores: np.ndarray, tp: np.ndarray, num_gt: int) -> fl
     return float(ap / len(R40))
 
 
-def match_frame(det_boxes, det_scores, gt_boxes, gt_ignore, threshold: float, metric: str = "bev"):
-    """Greedy matching in one frame and class. Returns (tp (D,) bool, keep (D,) bool, num_relevant_gt).
-
-    keep is False for detections matched to an ignored GT box (they are removed from the PR curve)."""
+def assign_frame(det_boxes, det_scores, gt_boxes, gt_ignore, threshold: float, metric: str = "bev"):
+    """Greedy assignment in one frame and class, highest score first: each detection takes the unmatched
+    relevant GT box of highest IoU >= threshold, else is neutralised by an ignored GT box it overlaps.
+    Returns (gt index per detection or -1 (D,), neutralised (D,) bool, IoU matrix (D, G))."""
     d, g = det_boxes.shape[0], gt_boxes.shape[0]
-    tp = np.zeros(d, bool)
-    keep = np.ones(d, bool)
-    relevant = int((~gt_ignore).sum())
-    if d == 0:
-        return tp, keep, relevant
-    if g == 0:
-        return tp, keep, relevant
+    match = np.full(d, -1, np.int64)
+    neutral = np.zeros(d, bool)
+    if d == 0 or g == 0:
+        return match, neutral, np.zeros((d, g))
     fn = bev_iou if metric == "bev" else iou_3d
-    iou = fn(torch.from_numpy(det_boxes).double(), torch.from_numpy(gt_boxes).double()).numpy()
+    iou = fn(torch.from_numpy(np.asarray(det_boxes, np.float64)), torch.from_numpy(np.asarray(gt_boxes, np.float64))).numpy()
     used = np.zeros(g, bool)
-    for i in np.argsort(-det_scores, kind="stable"):
+    for i in np.argsort(-np.asarray(det_scores), kind="stable"):
         # prefer relevant GT, then ignored GT (which neutralises the detection)
         cand = np.where(~used & ~gt_ignore & (iou[i] >= threshold), iou[i], -1.0)
         j = int(cand.argmax())
         if cand[j] >= 0:
             used[j] = True
-            tp[i] = True
+            match[i] = j
             continue
         cand = np.where(gt_ignore & (iou[i] >= threshold), iou[i], -1.0)
         if cand.size and cand.max() >= 0:
-            keep[i] = False
-    return tp, keep, relevant
+            neutral[i] = True
+    return match, neutral, iou
+
+
+def match_frame(det_boxes, det_scores, gt_boxes, gt_ignore, threshold: float, metric: str = "bev"):
+    """Greedy matching in one frame and class (`assign_frame`). Returns (tp (D,) bool, keep (D,) bool,
+    num_relevant_gt); keep is False for detections matched to an ignored GT box (they are removed from the
+    PR curve)."""
+    match, neutral, _ = assign_frame(det_boxes, det_scores, gt_boxes, gt_ignore, threshold, metric)
+    return match >= 0, ~neutral, int((~gt_ignore).sum())
 
 
 @dataclass

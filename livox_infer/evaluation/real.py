@@ -235,15 +235,25 @@ def parse_headings(value: str) -> list[float]:
     return out
 
 
+def evaluate_real(root: str | Path, pipeline, *, fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE,
+                  headings: Sequence[float] = DEFAULT_HEADINGS, min_points: int = DEFAULT_MIN_POINTS,
+                  ) -> tuple[dict[str, EvalResult], list[RealView], list[FrameBoxes]]:
+    """AP of ``pipeline`` (a DetectionPipeline) on the labelled scans in ``root``, per source and pooled
+    ("all"), with the views and detections it scored (for pictures)."""
+    classes = pipeline.cfg.classes
+    views = load_real_dir(root, fov, max_range, headings, min_points, classes)
+    dets = detect_views(views, scan_detector(pipeline))
+    return evaluate_views(views, dets, classes, fov, max_range), views, dets
+
+
 def main_real(args, make_pipeline: Callable[[], Any]) -> int:
     """`livox-infer eval --real DIR`: print the AP table per source and pooled; JSON with --out."""
     from livox_infer.detector.config import ModelConfig
 
     cfg = ModelConfig.load(args.model)
     headings = parse_headings(args.headings)
-    views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
-    dets = detect_views(views, scan_detector(make_pipeline()))
-    res = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)
+    res, views, dets = evaluate_real(args.real, make_pipeline(), fov=args.fov, max_range=args.max_range,
+                                     headings=headings, min_points=args.min_points)
     print(real_table(res, f"== model {cfg.name} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
     if args.bev_dir:
@@ -261,7 +271,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
 def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], classes: Sequence[str], out_dir: Path,
                        fov: float, max_range: float) -> list[Path]:
     """One BEV PNG per view: points, labelled boxes (dashed; grey = ignored) and detections (solid)."""
-    from livox_infer.tools.detect_io import save_bev_png
+    from livox_infer.tools.bev_plot import save_bev_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -15,6 +15,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.detector.boxes import quaternion_to_yaw, yaw_to_quaternion  # noqa: F401 - re-exported for node code and tests
+from livox_infer.detector.boxes import box_corners
 
 # RGBA per class for markers; anything else (an unknown class name) is drawn grey.
 CLASS_COLORS: dict[str, tuple[float, float, float, float]] = {
@@ -63,19 +64,6 @@ def detection_class_names(detections, count: int) -> list[str]:
     labels = to_numpy(getattr(detections, "labels", np.zeros(0))).astype(np.int64).reshape(-1)
     names = tuple(getattr(detections, "class_names", None) or CLASS_NAMES)
     return [str(names[lab]) if 0 <= lab < len(names) else f"class_{int(lab)}" for lab in labels[:count]]
-
-
-def box_corners(box: np.ndarray) -> np.ndarray:
-    """The 8 corners (8,3) of a box [x,y,z,l,w,h,yaw]; 0-3 bottom, 4-7 top, counter-clockwise."""
-    x, y, z, length, width, height, yaw = (float(v) for v in box[:7])
-    dx = 0.5 * length * np.array([1, -1, -1, 1], dtype=np.float64)
-    dy = 0.5 * width * np.array([1, 1, -1, -1], dtype=np.float64)
-    c, s = math.cos(yaw), math.sin(yaw)
-    xs = x + c * dx - s * dy
-    ys = y + s * dx + c * dy
-    bottom = np.stack([xs, ys, np.full(4, z - 0.5 * height)], axis=1)
-    top = np.stack([xs, ys, np.full(4, z + 0.5 * height)], axis=1)
-    return np.concatenate([bottom, top], axis=0)
 
 
 def box_edge_points(box: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""``livox-infer simulate``: write simulated Livox frames and their ground truth into a rosbag2.
+"""``livox-infer simulate`` / `simulate(SimulateOptions(...))`: write simulated Livox frames and their ground truth into a rosbag2.
 
 Clouds go to /livox/lidar (PointCloud2 in the chosen layout, or livox_ros_driver2/msg/CustomMsg with
 ``--layout custom``), ground truth to /livox_infer/ground_truth as vision_msgs/Detection3DArray with the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time as _time
+from dataclasses import dataclass, fields
 
 from livox_infer.errors import LivoxInferError
 from livox_infer.sim.scene import SCENE_MODES
@@ -19,35 +20,71 @@ LAYOUTS = ("livox", "livox2", "xyzi", "xyzirc", "custom")
 DEFAULT_START_NS = 1_700_000_000 * 1_000_000_000  # fixed start stamp: reproducible bags
 
 
+@dataclass
+class SimulateOptions:
+    """What `simulate` writes: one continuous drive of ``frames`` frames into the bag directory ``out``."""
+
+    out: str
+    sensor: str = "avia"
+    frames: int = 20
+    seed: int = 0
+    storage: str = "sqlite3"
+    layout: str = "livox"  # PointCloud2 field layout, or "custom" for livox_ros_driver2/msg/CustomMsg
+    scene: str = "street"
+    speed: float = 8.0  # ego speed along the road, m/s
+    period: float = 0.1  # frame period, s
+    frame_id: str = "livox_frame"
+    topic: str = "/livox/lidar"
+    gt_topic: str = "/livox_infer/ground_truth"
+    min_points: int = 5  # ground truth only for objects with at least this many returns
+    drop_zeros: bool = False  # drop (0,0,0) no-return points (the Livox driver keeps them)
+    sensor_height: float | None = None  # m above ground (None: random 0.5-2.5)
+    n_cars: int | None = None
+    n_pedestrians: int | None = None
+    n_cyclists: int | None = None
+    clutter: float | None = None  # background density multiplier (None: 1)
+    yaw_rate: float = 0.0  # ego turn rate, deg/s (the road stays straight)
+    deskew: bool = False  # motion-compensate each frame into the sensor frame at its start (as SLAM outputs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SimulateOptions":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+_D = SimulateOptions(out="")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sensor", choices=sorted(SENSORS), default="avia")
-    p.add_argument("--frames", type=int, default=20, help="number of frames (10 Hz by default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sensor", choices=sorted(SENSORS), default=_D.sensor)
+    p.add_argument("--frames", type=int, default=_D.frames, help="number of frames (10 Hz by default)")
+    p.add_argument("--seed", type=int, default=_D.seed)
     p.add_argument("--out", required=True, help="output bag directory (must not exist)")
-    p.add_argument("--storage", choices=("sqlite3", "mcap"), default="sqlite3")
-    p.add_argument("--layout", choices=LAYOUTS, default="livox",
+    p.add_argument("--storage", choices=("sqlite3", "mcap"), default=_D.storage)
+    p.add_argument("--layout", choices=LAYOUTS, default=_D.layout,
                    help="PointCloud2 field layout, or 'custom' for livox_ros_driver2/msg/CustomMsg")
-    p.add_argument("--scene", choices=SCENE_MODES, default="street")
-    p.add_argument("--speed", type=float, default=8.0, help="ego speed along the road, m/s")
-    p.add_argument("--period", type=float, default=0.1, help="frame period, s")
-    p.add_argument("--frame-id", default="livox_frame")
-    p.add_argument("--topic", default="/livox/lidar")
-    p.add_argument("--gt-topic", default="/livox_infer/ground_truth")
-    p.add_argument("--min-points", type=int, default=5,
+    p.add_argument("--scene", choices=SCENE_MODES, default=_D.scene)
+    p.add_argument("--speed", type=float, default=_D.speed, help="ego speed along the road, m/s")
+    p.add_argument("--period", type=float, default=_D.period, help="frame period, s")
+    p.add_argument("--frame-id", default=_D.frame_id)
+    p.add_argument("--topic", default=_D.topic)
+    p.add_argument("--gt-topic", default=_D.gt_topic)
+    p.add_argument("--min-points", type=int, default=_D.min_points,
                    help="write ground-truth boxes only for objects with at least this many returns")
     p.add_argument("--drop-zeros", action="store_true",
                    help="drop (0,0,0) no-return points (the Livox driver keeps them)")
-    p.add_argument("--sensor-height", type=float, default=None, help="m above ground (default: random 0.5-2.5)")
-    p.add_argument("--n-cars", type=int, default=None)
-    p.add_argument("--n-pedestrians", type=int, default=None)
-    p.add_argument("--n-cyclists", type=int, default=None)
-    p.add_argument("--clutter", type=float, default=None, help="background density multiplier (default 1)")
-    p.add_argument("--yaw-rate", type=float, default=0.0, help="ego turn rate, deg/s (the road stays straight)")
+    p.add_argument("--sensor-height", type=float, default=_D.sensor_height,
+                   help="m above ground (default: random 0.5-2.5)")
+    p.add_argument("--n-cars", type=int, default=_D.n_cars)
+    p.add_argument("--n-pedestrians", type=int, default=_D.n_pedestrians)
+    p.add_argument("--n-cyclists", type=int, default=_D.n_cyclists)
+    p.add_argument("--clutter", type=float, default=_D.clutter, help="background density multiplier (default 1)")
+    p.add_argument("--yaw-rate", type=float, default=_D.yaw_rate, help="ego turn rate, deg/s (the road stays straight)")
     p.add_argument("--deskew", action="store_true",
                    help="motion-compensate each frame into the sensor frame at its start (as SLAM outputs)")
 
 
-def write_bag(args: argparse.Namespace) -> dict:
+def simulate(args: SimulateOptions) -> dict:
+    """Write the drive ``args`` describes; returns frame, box and point counts."""
     from livox_infer.bags import BagWriter
     from livox_infer.decode.pointcloud import encode_pointcloud2
     from livox_infer.sim.simulate import iter_drive
@@ -89,7 +126,7 @@ def write_bag(args: argparse.Namespace) -> dict:
 def main(args: argparse.Namespace) -> int:
     t0 = _time.perf_counter()
     try:
-        info = write_bag(args)
+        info = simulate(SimulateOptions.from_args(args))
     except LivoxInferError as e:
         print(f"livox-infer simulate: {e}", file=sys.stderr)
         return 2

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from livox_infer import CLASS_NAMES
+from livox_infer.tools.bev_plot import save_bev_png
 
-# A detection matches a ground-truth box of its class whose centre lies within this BEV distance.
-MATCH_DISTANCE_M = {"car": 2.0, "pedestrian": 1.0, "cyclist": 1.5}
 
 
 @dataclass
@@ -52,26 +51,22 @@ class FrameResult:
 
 
 def match_frame(det_boxes, det_names, det_scores, gt_boxes, gt_names) -> list[tuple[int, int, float, float]]:
-    """Greedy, highest score first: each detection takes the nearest unmatched GT box of its class
-    within MATCH_DISTANCE_M. Returns (det index, gt index, centre distance, BEV IoU)."""
-    from livox_infer.detector.boxes import bev_iou
+    """Per class, the evaluation's greedy matching (`assign_frame`) at its loose BEV IoU threshold (car 0.5,
+    pedestrian / cyclist 0.25). Returns (det index, gt index, centre distance, BEV IoU)."""
+    from livox_infer.evaluation.metrics import IOU_THRESHOLDS, assign_frame
 
-    import torch
-
-    if len(det_boxes) == 0 or len(gt_boxes) == 0:
-        return []
-    iou = bev_iou(torch.from_numpy(np.asarray(det_boxes, np.float64)),
-                  torch.from_numpy(np.asarray(gt_boxes, np.float64))).numpy()
-    dist = np.linalg.norm(np.asarray(det_boxes)[:, None, :2] - np.asarray(gt_boxes)[None, :, :2], axis=2)
-    used = np.zeros(len(gt_boxes), bool)
+    det_boxes, gt_boxes = np.asarray(det_boxes, np.float64).reshape(-1, 7), np.asarray(gt_boxes, np.float64).reshape(-1, 7)
+    det_names, gt_names = np.asarray(det_names, dtype=object), np.asarray(gt_names, dtype=object)
     out = []
-    for i in np.argsort(-np.asarray(det_scores), kind="stable"):
-        ok = ~used & (np.asarray(gt_names) == det_names[i]) & (dist[i] <= MATCH_DISTANCE_M.get(det_names[i], 1.0))
-        if ok.any():
-            j = int(np.where(ok, dist[i], np.inf).argmin())
-            used[j] = True
-            out.append((int(i), j, float(dist[i, j]), float(iou[i, j])))
-    return out
+    for name in sorted(set(det_names) & set(gt_names)):
+        di, gi = np.flatnonzero(det_names == name), np.flatnonzero(gt_names == name)
+        match, _, iou = assign_frame(det_boxes[di], np.asarray(det_scores)[di], gt_boxes[gi], np.zeros(len(gi), bool),
+                                     IOU_THRESHOLDS.get(name, (0.5, 0.25))[1])
+        for k, j in enumerate(match):
+            if j >= 0:
+                dist = float(np.linalg.norm(det_boxes[di[k], :2] - gt_boxes[gi[j], :2]))
+                out.append((int(di[k]), int(gi[j]), dist, float(iou[k, j])))
+    return sorted(out)
 
 
 def _counts(names: list[str]) -> str:
@@ -98,41 +93,6 @@ def print_table(frames: list[FrameResult]) -> None:
           f"p99 {np.nanpercentile(lat, 99):.1f} ms")
 
 
-def draw_bev(path: Path, points: np.ndarray, gt_boxes, gt_names, det_boxes, det_names, det_scores, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from livox_infer.ros.messages import CLASS_COLORS, box_corners
-
-    fig, ax = plt.subplots(figsize=(9, 9))
-    sel = points[:, 2] > -5.0
-    p = points[sel][:: max(1, int(sel.sum()) // 60000)]
-    ax.scatter(p[:, 0], p[:, 1], s=0.8, c=p[:, 2], cmap="viridis", vmin=-2.5, vmax=1.5, linewidths=0)
-    for box, name in zip(gt_boxes, gt_names):
-        c = box_corners(box)[:4]
-        ax.plot(*np.vstack([c, c[:1]])[:, :2].T, "--", color="black", lw=1.0)
-    for box, name, score in zip(det_boxes, det_names, det_scores):
-        c = box_corners(box)[:4]
-        color = CLASS_COLORS.get(name, (0.5, 0.5, 0.5, 1.0))
-        ax.plot(*np.vstack([c, c[:1]])[:, :2].T, "-", color=color, lw=1.6)
-        ax.text(box[0], box[1] + 0.6 * box[4] + 0.4, f"{name} {score:.2f}", color=color, fontsize=7, ha="center")
-    handles = [plt.Line2D([], [], ls="--", color="black", label="ground truth")]
-    handles += [plt.Line2D([], [], color=CLASS_COLORS[c], label=f"detected {c}") for c in CLASS_NAMES]
-    ax.legend(handles=handles, loc="upper right", fontsize=8)
-    ax.set_xlim(-2, 62)
-    ax.set_ylim(-32, 32)
-    ax.set_aspect("equal")
-    ax.set_xlabel("x forward (m)")
-    ax.set_ylabel("y left (m)")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def detection_region(pipeline) -> tuple[float, float, float, float] | None:
     """(x_min, x_max, y_min, y_max) the pipeline's BEV grid covers, or None when it does not say."""
     grid = getattr(pipeline, "grid", None)
@@ -150,15 +110,9 @@ class DemoResult:
 
 
 def simulate_bag(bag: Path, sensor: str, frames: int, seed: int, sensor_height: float) -> None:
-    from livox_infer.sim.cli import add_arguments as sim_arguments
-    from livox_infer.sim.cli import write_bag
+    from livox_infer.sim.cli import SimulateOptions, simulate
 
-    parser = argparse.ArgumentParser()
-    sim_arguments(parser)
-    args = parser.parse_args(["--sensor", sensor, "--frames", str(frames), "--seed", str(seed),
-                              "--sensor-height", str(sensor_height), "--out", str(bag)])
-    write_bag(args)
-
+    simulate(SimulateOptions(out=str(bag), sensor=sensor, frames=frames, seed=seed, sensor_height=sensor_height))
 
 def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int = 20, seed: int = 7,
              rate: float = 1.0, device: str = "auto", use_compile: bool = False, pipeline_factory=None,
@@ -281,9 +235,10 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
         bev_path = out / "demo_bev.png"
         k = sorted(gt).index(stamp)
         n_matched = results[k].tp
-        draw_bev(bev_path, cloud.points, g.boxes, names, d.boxes, d.class_names, d.scores,
-                 f"{sensor} frame {k}: {len(d.boxes)} detections, {len(g.boxes)} ground-truth boxes (dashed), "
-                 f"{n_matched} matched" + ("" if trained else " [untrained placeholder weights]"))
+        save_bev_png(bev_path, cloud.points, d.boxes, list(d.class_names), d.scores, (-2.0, 62.0, -32.0, 32.0),
+                     f"{sensor} frame {k}: {len(d.boxes)} detections, {len(g.boxes)} ground-truth boxes (dashed), "
+                     f"{n_matched} matched" + ("" if trained else " [untrained placeholder weights]"),
+                     gt=(g.boxes, names, [False] * len(names)))
         say(f"wrote {bev_path}")
     return DemoResult(results, bev_path, diagnostics, trained)
 

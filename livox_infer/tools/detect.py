@@ -22,7 +22,8 @@ import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
 from livox_infer.threads import add_threads_argument
-from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, save_bev_png, write_annotated
+from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, write_annotated
+from livox_infer.tools.bev_plot import save_bev_png
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

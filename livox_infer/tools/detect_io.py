@@ -4,11 +4,9 @@ options describe, and the outputs (JSONL rows, annotated bags, BEV pictures)."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 
 from livox_infer.errors import ConfigError, PointCloudError
 from livox_infer.decode.pointcloud import Cloud
@@ -18,9 +16,6 @@ POINT_SUFFIXES = (".pcd", ".bin", ".npy")
 
 
 DETECTIONS_TOPIC = "/livox_infer/detections"
-
-
-CLASS_COLORS = {"car": "tab:red", "pedestrian": "tab:green", "cyclist": "tab:blue"}
 
 
 def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
@@ -97,51 +92,6 @@ def iter_inputs(inputs: list[str], topic: str | None) -> Iterator[tuple[str, Clo
             if f.suffix.lower() not in POINT_SUFFIXES:
                 raise PointCloudError(f"{f}: expected a rosbag2, .pcd, .bin or .npy file")
             yield f.name, Cloud(read_points_file(f), stamp_ns=i, frame_id="livox_frame")
-
-
-def _box_corners(box: np.ndarray) -> np.ndarray:
-    x, y, _, l, w, _, yaw = box
-    c, s = math.cos(yaw), math.sin(yaw)
-    loc = np.array([[l / 2, w / 2], [-l / 2, w / 2], [-l / 2, -w / 2], [l / 2, -w / 2], [l / 2, w / 2]])
-    return loc @ np.array([[c, s], [-s, c]]) + [x, y]
-
-
-def save_bev_png(path: Path, points: np.ndarray, boxes: np.ndarray, names: list[str], scores: np.ndarray,
-                 extent: tuple[float, float, float, float], title: str = "", gt=None) -> None:
-    """Points (coloured by height) and boxes (class colour, heading tick, "cls score") seen from above.
-
-    ``gt`` = (boxes, names, ignored) adds labelled boxes, dashed (grey where ignored)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x0, x1, y0, y1 = extent
-    fig, ax = plt.subplots(figsize=(7, 7), dpi=100)
-    sel = (points[:, 0] >= x0) & (points[:, 0] <= x1) & (points[:, 1] >= y0) & (points[:, 1] <= y1)
-    p = points[sel]
-    ax.scatter(p[:, 1], p[:, 0], s=0.3, c=p[:, 2], cmap="viridis", vmin=np.percentile(p[:, 2], 2) if len(p) else 0,
-               vmax=np.percentile(p[:, 2], 98) if len(p) else 1, linewidths=0)
-    if gt is not None:
-        for box, name, ignored in zip(*gt):
-            c = _box_corners(box)
-            ax.plot(c[:, 1], c[:, 0], color="0.6" if ignored else CLASS_COLORS.get(name, "black"), lw=0.9, ls="--")
-    for box, name, score in zip(boxes, names, scores):
-        c = _box_corners(box)
-        color = CLASS_COLORS.get(name, "black")
-        ax.plot(c[:, 1], c[:, 0], color=color, lw=1.2)
-        head = box[:2] + 0.5 * box[3] * np.array([math.cos(box[6]), math.sin(box[6])])
-        ax.plot([box[1], head[1]], [box[0], head[0]], color=color, lw=1.0)
-        ax.text(box[1], box[0], f"{name[:3]} {score:.2f}", fontsize=6, color=color)
-    ax.set_xlim(y1, y0)  # y to the left, as seen from above with x up
-    ax.set_ylim(x0, x1)
-    ax.set_aspect("equal")
-    ax.set_xlabel("y [m]")
-    ax.set_ylabel("x [m]")
-    ax.set_title(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def build_pipeline(args: argparse.Namespace, rig=None):

@@ -204,7 +204,8 @@ def _remove(path: Path) -> None:
 
 
 def _detect_frames(pipe, job: Job, settings: Settings, out, writer) -> tuple[int, int]:
-    from livox_infer.tools.detect_io import detection_row, iter_inputs, save_bev_png, write_annotated
+    from livox_infer.tools.detect_io import detection_row, iter_inputs, write_annotated
+    from livox_infer.tools.bev_plot import save_bev_png
 
     args = settings.detect_args
     bev_dir = Path(settings.bev_dir) / job.name if settings.bev_dir else None

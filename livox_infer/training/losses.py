@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from livox_infer.detector.boxes import bev_corners, paired_bev_iou
-from livox_infer.detector.network import HEAD_CHANNELS
+from livox_infer.detector.head import HEAD_CHANNELS
 
 
 def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, beta: float = 4.0) -> torch.Tensor:
