@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
 export LIVOX_INFER_VENV := $(abspath $(VENV))
 
-.PHONY: setup test demo bench freeze interfaces clean-build
+.PHONY: setup test test-fast demo bench freeze interfaces clean-build
 
 setup:
 	bash scripts/setup.sh
@@ -14,6 +14,10 @@ setup:
 # pytest exit 5 = no tests collected: a failure here (make then exits 2), never a silent pass.
 test: setup
 	$(PY) -m pytest -q || { rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests" >&2; exit $$rc; }
+
+# The fast lane while editing: everything but the tests marked slow (pytest.ini), a minute or two on 2 cores.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" || { rc=$$?; [ $$rc -ne 5 ] || echo "make test-fast: pytest collected no tests" >&2; exit $$rc; }
 
 demo: setup
 	$(PY) -m livox_infer.tools.demo

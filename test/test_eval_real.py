@@ -131,6 +131,7 @@ REAL_MIN_AP = {("car", "bev@0.5"): 0.56, ("car", "bev@0.7"): 0.31, ("pedestrian"
 
 
 @pytest.mark.skipif(not (REAL_DEV / "labels.json").is_file(), reason="../shared/data/real_dev absent (CI has it)")
+@pytest.mark.slow  # the shipped weights over all of real_dev: ~13 s
 def test_shipped_weights_on_real_dev():
     from livox_infer.pipeline import DetectionPipeline
 

@@ -16,6 +16,8 @@ from livox_infer.evaluation.simulated import evaluate_on_simulation, scan_detect
 from livox_infer.detector.weights import read_metadata
 from livox_infer.pipeline import DetectionPipeline
 
+pytestmark = pytest.mark.slow  # the shipped weights over 20 simulated frames, twice: ~20 s
+
 SENSORS = ("mid40", "mid70", "tele15", "horizon", "avia")
 FRAMES_PER_SENSOR = 4
 SEED = 7

@@ -20,8 +20,9 @@ from livox_infer.detector.postprocess import build_inference_model
 from livox_infer.pipeline import DetectionPipeline
 
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                reason="AOTInductor export needs a C++ compiler")
+# slow: AOTInductor compile of a tiny network (module fixture): ~30 s
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                reason="AOTInductor export needs a C++ compiler")]
 
 
 def _tiny_config(channels=4):

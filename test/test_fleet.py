@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from livox_infer.tools import detect as detect_cli, detect_io, fleet
@@ -109,6 +110,7 @@ def test_archive_run_one_output_per_input_failures_recorded_and_resumed(small_mo
     assert len((out / fleet.MANIFEST_NAME).read_text().splitlines()) == 9
 
 
+@pytest.mark.slow  # builds the pipeline for each option set: ~6 s
 def test_archive_options_are_checked(small_model, tmp_path, capsys, monkeypatch):  # noqa: F811
     (tmp_path / "a.pcd").write_text("x")
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the optional extra were not installed

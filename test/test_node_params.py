@@ -136,6 +136,7 @@ def _run_cli(argv: list[str], wait_for_text: str | None, timeout_s: float = 60.0
     return rc, "".join(lines)
 
 
+@pytest.mark.slow  # starts `livox-infer run` in a subprocess: ~9 s
 def test_run_fails_at_start_up_on_missing_weights(tmp_path):
     pytest.importorskip("livox_infer.pipeline")
     missing = tmp_path / "missing.safetensors"
@@ -145,6 +146,7 @@ def test_run_fails_at_start_up_on_missing_weights(tmp_path):
     assert "FATAL" in out and "missing.safetensors" in out, out
 
 
+@pytest.mark.slow  # starts the real node in a subprocess: ~7 s
 def test_run_starts_the_node_from_a_preset():
     pytest.importorskip("livox_infer.pipeline")
     rc, out = _run_cli(["--sensor", "mid70", "--device", "cpu", "--use-compile", "false",

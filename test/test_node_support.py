@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, WeightsError
@@ -160,6 +161,7 @@ class Collector:
         self.sub = node.create_subscription(msg_type, topic, self.msgs.append, depth)
 
 
+@pytest.mark.slow  # starts the detector_node wrapper: ~8 s
 def test_detector_node_help_prints_the_parameters_and_does_not_start():
     import subprocess
     import sys

@@ -162,6 +162,7 @@ def pip_prefix(tmp_path_factory) -> Path:
     return prefix
 
 
+@pytest.mark.slow  # pip-installs the package into a prefix (module fixture)
 def test_pip_install_layout(pip_prefix: Path):
     share = pip_prefix / "share" / "livox_infer"
     assert (share / "package.xml").is_file()
@@ -184,6 +185,7 @@ def test_pip_install_layout(pip_prefix: Path):
     assert "vision_msgs/msg/Detection3DArray.msg" in msgs and msgs == expected_msgs
 
 
+@pytest.mark.slow  # shares the pip-install fixture
 def test_pip_installed_package_finds_its_data(pip_prefix: Path):
     """The installed copy (not the checkout) resolves config/ and models/ from <prefix>/share/livox_infer."""
     site = next(pip_prefix.glob("lib/python3*/site-packages"))
@@ -272,6 +274,7 @@ def test_activating_the_venv_finds_the_ament_index():
 
 
 @needs_setup_venv
+@pytest.mark.slow  # runs scripts/setup.sh: ~4 s
 def test_setup_script_is_idempotent_and_fast():
     env = {**os.environ, "SKIP_APT": "1", "LIVOX_INFER_VENV": str(PREFIX)}
     env.pop("FORCE", None)
@@ -436,6 +439,7 @@ def test_interface_build_rejects_an_unknown_package(tmp_path: Path):
 
 @needs_setup_venv
 @pytest.mark.ros
+@pytest.mark.slow  # starts the node from the venv layout: ~9 s
 def test_detector_node_from_the_venv_layout_turns_custom_msg_into_detections():
     """The pip entry `ros2 run` uses (<venv>/lib/livox_infer/detector_node) starts the node, which takes a
     livox_ros_driver2/CustomMsg and answers with a vision_msgs/Detection3DArray: both packages built here."""

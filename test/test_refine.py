@@ -322,6 +322,7 @@ def _tensors(path):
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
 
 
+@pytest.mark.slow  # trains a tiny detector (module fixture) then the refiner: ~20 s
 def test_train_refine_stage_trains_only_the_refiner(trained_detector):
     root, _, cfg_path = trained_detector
     out = root / "both.safetensors"
@@ -351,6 +352,7 @@ def test_train_refine_stage_trains_only_the_refiner(trained_detector):
 
 
 @pytest.mark.parametrize("which, message", [("plain", "refine section"), ("refine", "--init")])
+@pytest.mark.slow  # shares the trained-detector fixture above
 def test_train_refine_stage_errors(trained_detector, which, message, capsys):
     root, plain, with_refine = trained_detector
     args = _args(root / which, plain if which == "plain" else with_refine, "--stage", "refine", "--steps", "2",

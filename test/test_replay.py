@@ -126,6 +126,7 @@ def test_bad_input_gives_clear_errors(ros, tmp_path):
         BagReplayer(node, bag, rate=-1.0)
 
 
+@pytest.mark.slow  # replay and node subprocesses: ~7 s
 def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_path):
     """`livox-infer replay BAG --loop --remap A:=B`, then Ctrl-C: exit 0 with the summary, no RCLError traceback
     (rclpy's SIGINT handler used to invalidate the context under the publish loop) and no rcl warning about

@@ -24,7 +24,7 @@ from ros_upstream import Background, ros_env, run
 if ros_upstream.skip_reason():
     pytest.skip(ros_upstream.skip_reason(), allow_module_level=True)
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # slow: the upstream ros2 tools against a launched node: ~2 min in all
 NODE = "cli_test_detector"
 NODE_PATH = f"/{NODE}"
 INPUT_TOPIC = "/cli_test/points"

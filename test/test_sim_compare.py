@@ -12,6 +12,7 @@ REAL = SHARED_DATA / "livox_horizon"
 
 
 @pytest.mark.skipif(not REAL.is_dir(), reason="shared real Horizon scans not available")
+@pytest.mark.slow  # simulates and compares with the real scans: ~13 s
 def test_compare_runs_and_sim_matches_real_basics(tmp_path, capsys):
     real = compare.load_real(REAL)
     assert len(real) == 2

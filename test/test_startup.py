@@ -49,6 +49,7 @@ def test_pipeline_records_its_start_up():
     assert list(pipe.startup.phases_s) == ["weights"] and pipe.startup.cache_state == ""
 
 
+@pytest.mark.slow  # two real torch.compile runs: ~20 s
 def test_cache_state_of_a_real_compile_cold_then_warm(monkeypatch, tmp_path):
     """torch's own counters: a fresh cache directory misses, the same graph compiled again hits."""
     import torch

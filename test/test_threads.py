@@ -32,6 +32,7 @@ def run_python(code: str, timeout: float = 120.0) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow  # subprocesses importing torch: ~5 s
 def test_budget_reaches_a_worker_thread_and_child_processes():
     """A fresh process: the count set in the main thread holds in a thread started later (the node's
     worker) and in a child process; the inter-op pool is set too."""
@@ -52,6 +53,7 @@ def test_budget_reaches_a_worker_thread_and_child_processes():
     assert out == "2 2 '' 2 2"
 
 
+@pytest.mark.slow  # a subprocess importing torch: ~6 s
 def test_a_started_inter_op_pool_is_reported_not_fatal():
     out = run_python("""
         from livox_infer.threads import apply_threads
@@ -62,6 +64,7 @@ def test_a_started_inter_op_pool_is_reported_not_fatal():
     assert out.startswith("2 1 ") and "inter-op pool already started" in out
 
 
+@pytest.mark.slow  # a subprocess importing torch: ~5 s
 def test_zero_leaves_torchs_defaults():
     out = run_python("""
         import torch

@@ -290,6 +290,7 @@ def _tensors(path):
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
 
 
+@pytest.mark.slow  # simulates the tiny dataset (module fixture) and trains: ~10 s
 def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     args, work = _fresh_run(tiny_dataset, tmp_path, corner_weight=1.0, neighbour_weight=0.5)
     assert train_mod.main(args) == 0
@@ -306,6 +307,7 @@ def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     load_weights(build_model(cfg), cfg, tmp_path / "best.safetensors")
 
 
+@pytest.mark.slow  # three short training runs: ~8 s
 def test_train_is_reproducible_and_resumes_to_the_same_weights(tiny_dataset, tmp_path, monkeypatch):
     a_args, _ = _fresh_run(tiny_dataset, tmp_path / "a")
     assert train_mod.main(a_args) == 0
@@ -339,12 +341,14 @@ def test_train_is_reproducible_and_resumes_to_the_same_weights(tiny_dataset, tmp
     assert all(torch.allclose(ckpt_a[k], ckpt_c[k], atol=1e-6) for k in model_keys)
 
 
+@pytest.mark.slow  # shares the tiny-dataset fixture
 def test_train_rejects_bad_sim_option(tiny_dataset, tmp_path, capsys):
     args, _ = _fresh_run(tiny_dataset, tmp_path, sim_option=["n_cyclists"])
     assert train_mod.main(args) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a short training run: ~5 s
 def test_train_without_out_writes_into_the_work_dir_not_next_to_the_config(tiny_dataset, tmp_path):
     """The README's train command once overwrote models/lite.safetensors: the default is the work dir."""
     args, work = _fresh_run(tiny_dataset, tmp_path, out=None)
@@ -401,6 +405,7 @@ def test_use_intensity_false_zeroes_the_input_in_training_and_in_the_pipeline():
     np.testing.assert_array_equal(a.scores, b.scores)
 
 
+@pytest.mark.slow  # simulates shards for several sensors: ~27 s
 def test_train_generates_shards_for_the_named_sensors(tmp_path):
     args = _train_args(tmp_path, "lite", data_only=True, train_frames=3, val_frames=2, sensors="hdl64,avia")
     assert train_mod.main(args) == 0

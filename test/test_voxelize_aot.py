@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # AOT-compiles the Triton kernels for three GPU targets: ~25 s
+
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
