@@ -115,3 +115,21 @@ def test_a_failed_detect_leaves_no_bag_that_blocks_the_rerun(small_model, tmp_pa
     assert not bag.exists()
     assert run([str(tmp_path / "a.bin")] + common) == 0
     assert bag.is_dir()
+
+
+def test_out_bag_storage_follows_the_name(tmp_path, small_model):  # noqa: F811
+    """`--out-bag with_dets.mcap` writes an mcap bag (it used to write sqlite3 into a directory named .mcap);
+    a name contradicting --out-bag-storage is refused before anything runs."""
+    from livox_infer.tools.detect import out_bag_storage
+
+    assert out_bag_storage("x.mcap", None) == "mcap"
+    assert out_bag_storage("x", None) == "sqlite3" and out_bag_storage("x.db3", None) == "sqlite3"
+    assert out_bag_storage("x", "mcap") == "mcap"
+    pts = tmp_path / "f.npy"
+    np.save(pts, np.random.default_rng(0).uniform(0, 30, (500, 4)).astype(np.float32))
+    bag = tmp_path / "with_dets.mcap"
+    common = ["--out", str(tmp_path / "o.jsonl"), "--model", str(small_model), "--no-compile"]
+    assert run([str(pts), *common, "--out-bag", str(bag)]) == 0
+    assert list(bag.glob("*.mcap")) and not list(bag.glob("*.db3"))
+    assert run([str(pts), *common, "--out-bag", str(tmp_path / "b.mcap"), "--out-bag-storage", "sqlite3"]) == 2
+    assert not (tmp_path / "b.mcap").exists()

@@ -26,6 +26,16 @@ from livox_infer.tools.bev_plot import save_bev_png
 from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, write_annotated
 
 
+def out_bag_storage(path: str, storage: str | None) -> str:
+    """The storage of the --out-bag directory: as asked, else from the name (``x.mcap`` -> mcap); a name that
+    says one storage while --out-bag-storage asks for the other is refused (the bag would mislead its reader)."""
+    suffix = Path(path).suffix
+    named = {".mcap": "mcap", ".db3": "sqlite3"}.get(suffix)
+    if storage and named and storage != named:
+        raise ConfigError(f"--out-bag {path} names a {named} bag but --out-bag-storage is {storage}")
+    return storage or named or "sqlite3"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", nargs="*", help="rosbag2 (dir/.db3/.mcap), .pcd/.bin/.npy files, or a directory of them; "
                    "with --out-dir: directories are searched recursively and @FILE names a list of inputs")
@@ -43,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
-    p.add_argument("--out-bag-storage", default="sqlite3", choices=("sqlite3", "mcap"))
+    p.add_argument("--out-bag-storage", default=None, choices=("sqlite3", "mcap"),
+                   help="default: mcap when --out-bag ends in .mcap, else sqlite3")
     from livox_infer.tools.fleet import add_arguments as add_fleet_arguments
 
     add_fleet_arguments(p)
@@ -77,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         from livox_infer.rig import Rig
 
+        storage = out_bag_storage(args.out_bag, args.out_bag_storage) if args.out_bag else None
         rig = Rig.load(args.rig) if args.rig else None
         pipe = build_pipeline(args, rig)
         if pipe.compile_error:
@@ -91,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         if args.out_bag:
             from livox_infer.bags import BagWriter
 
-            writer = BagWriter(args.out_bag, storage=args.out_bag_storage)
+            writer = BagWriter(args.out_bag, storage=storage)
         out = sys.stdout if args.out == "-" else open(args.out, "w")
         n = 0
         latencies = []

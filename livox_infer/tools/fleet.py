@@ -411,7 +411,7 @@ def settings_for(args: argparse.Namespace) -> Settings:
             setattr(args, key, str(Path(value).resolve()))
     return Settings(detect_args=vars(args).copy(), identity=model_identity(args),
                     out_dir=str(Path(args.out_dir).resolve()), threads=args.threads,
-                    annotated_bags=args.annotated_bags, bag_storage=args.out_bag_storage,
+                    annotated_bags=args.annotated_bags, bag_storage=args.out_bag_storage or "sqlite3",
                     bev_dir=str(Path(args.bev_dir).resolve()) if args.bev_dir else None)
 
 
