@@ -16,6 +16,7 @@ from safetensors import safe_open
 from livox_infer.detector import ModelConfig, build_model, load_weights
 from livox_infer.errors import ConfigError
 from livox_infer.resources import share_dir
+from livox_infer.training import cli as train_cli
 from livox_infer.training import recipe as recipe_mod
 from livox_infer.training import train as train_mod
 from livox_infer.training.recipe import Runtime, load_recipe, run_recipe, scaled
@@ -183,8 +184,10 @@ def test_training_refuses_to_write_into_models_unless_told(tmp_path, capsys):
     args = p.parse_args(["--config", "lite", "--out", str(models / "lite.safetensors"), "--work-dir",
                          str(tmp_path / "w"), "--threads", "1", "--steps", "1"])
     assert train_mod.main(args) == 2 and "--write-models" in capsys.readouterr().err
-    recipe_args = p.parse_args([str(RECIPE), "--out", str(models), "--scale", "0.0001"])
-    assert train_mod.main(recipe_args) == 2 and "--write-models" in capsys.readouterr().err
+    q = argparse.ArgumentParser()
+    train_cli.add_arguments(q)
+    recipe_args = q.parse_args([str(RECIPE), "--out", str(models), "--scale", "0.0001"])
+    assert train_cli.main(recipe_args) == 2 and "--write-models" in capsys.readouterr().err
     assert (models / "lite.safetensors").read_bytes() == shipped
     # told to: the guard lets it through (data only here, so nothing is written into models/)
     opts.write_models = True
@@ -231,3 +234,18 @@ def test_scaled_recipe_keeps_the_order_and_reaches_every_stage():
     assert scaled(r, 1.0) is r
     with pytest.raises(ConfigError):
         scaled(r, 0)
+
+
+def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
+    recipe, out, _ = tiny_run
+    with pytest.raises(ConfigError, match="init weights"):
+        run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
+    src = recipe_mod.stage_weights(out, recipe.stage("stage9"))
+    dst = recipe_mod.stage_weights(tmp_path, recipe.stage("stage9"))
+    dst.parent.mkdir(parents=True)
+    dst.write_bytes(src.read_bytes())
+    final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
+    assert final == tmp_path / "lite.safetensors"
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage9", "stage9-refine"]
+    args = json.loads(_meta(final)["train_args"])
+    assert args["init"] == str(dst) and args["stage"] == "refine"

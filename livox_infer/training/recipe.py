@@ -18,7 +18,6 @@ It is resumable: a stage whose weights exist is skipped, an interrupted one resu
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -317,24 +316,27 @@ def resolve_init(r: Recipe, stage: StageSpec, out: Path) -> Path | None:
     return p if p.is_absolute() else r.source.parent / p
 
 
-def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Runtime()) -> Path:
-    """Run the stages (up to ``until``) into ``out``; returns the last stage's weights, copied to
-    ``out/<model>.safetensors`` when every stage ran."""
+def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Runtime(), start: str | None = None) -> Path:
+    """Run the stages from ``start`` (default: the first; the weights its init names must exist) up to
+    ``until`` (default: the last) into ``out``; returns the last stage's weights, copied to
+    ``out/<model>.safetensors`` when the recipe's last stage ran."""
     out = Path(out).expanduser()
     refuse_models_dir(out, rt.write_models, "the output directory")
-    stages = r.stages if until is None else r.stages[: r.stages.index(r.stage(until)) + 1]
+    first = 0 if start is None else r.stages.index(r.stage(start))
+    stages = r.stages[first: len(r.stages) if until is None else r.stages.index(r.stage(until)) + 1]
+    if not stages:
+        raise ConfigError(f"--until {until} comes before --from {start}")
     for stage in stages:
         weights = stage_weights(out, stage)
         if weights.is_file():
             log.info("stage %s: done (%s)", stage.name, weights)
             continue
-        used = dict.fromkeys(p.dataset for p in (*stage.train, *stage.val))
-        for name in used:
-            train(dataset_options(r, r.datasets[name], out, rt))
-        link_stage_data(r, stage, out)
         init = resolve_init(r, stage, out)
         if init is not None and not init.is_file():
             raise ConfigError(f"stage {stage.name}: init weights {init} do not exist")
+        for name in dict.fromkeys(p.dataset for p in (*stage.train, *stage.val)):
+            train(dataset_options(r, r.datasets[name], out, rt))
+        link_stage_data(r, stage, out)
         log.info("stage %s: %s, %d steps from %s", stage.name, stage.kind, stage.stop_after or stage.steps,
                  init or "random weights")
         result = train(stage_options(r, stage, out, init, rt))
@@ -343,21 +345,10 @@ def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Run
         shutil.copyfile(result.out, weights.with_suffix(".tmp"))
         weights.with_suffix(".tmp").replace(weights)
     last = stage_weights(out, stages[-1])
-    if len(stages) < len(r.stages):
+    if stages[-1] is not r.stages[-1]:
         return last
     final = out / f"{base_config(r).name}.safetensors"
     refuse_models_dir(final, rt.write_models, "the final weights")
     shutil.copyfile(last, final)
     log.info("recipe %s finished: %s", r.source, final)
     return final
-
-
-def run_recipe_cli(args: argparse.Namespace) -> int:
-    """`livox-infer train RECIPE --out DIR [--until STAGE] [--scale F]`."""
-    if not args.out:
-        raise ConfigError("a recipe runs into a directory: give it with --out DIR")
-    recipe = scaled(load_recipe(args.recipe), args.scale)
-    final = run_recipe(recipe, Path(args.out), args.until,
-                       Runtime(args.threads, args.workers, args.device, args.write_models))
-    print(final)
-    return 0

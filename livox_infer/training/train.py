@@ -577,13 +577,6 @@ def refuse_models_dir(path: Path, allowed: bool, what: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", nargs="?", default=None,
-                   help="a training recipe (e.g. models/lite.train.yaml): run all its stages into the directory "
-                        "--out (resumable; docs/training.md). Without it: one run configured by the flags below")
-    p.add_argument("--until", default=None, metavar="STAGE", help="recipe: stop after this stage")
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="recipe: multiply frame counts, steps and validation intervals by this (e.g. 0.001 for a "
-                        "smoke run of every stage; not the recipe's weights)")
     p.add_argument("--write-models", action="store_true",
                    help="allow writing into the package's models/ (the shipped weights); refused otherwise")
     p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
@@ -678,10 +671,6 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        if getattr(args, "recipe", None):
-            from livox_infer.training.recipe import run_recipe_cli
-
-            return run_recipe_cli(args)
         train(options_from_args(args))
         return 0
     except LivoxInferError as exc:
