@@ -249,3 +249,44 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage9", "stage9-refine"]
     args = json.loads(_meta(final)["train_args"])
     assert args["init"] == str(dst) and args["stage"] == "refine"
+
+
+# the commits that shipped each stage's weights; every weights file records the arguments of the run that made it
+SHIPPED = {"54475a4": "stage2", "2ea4602": "stage3", "cdefe1e": "stage5", "b81dc91": "stage6", "3d40829": "stage7",
+           "b785cd8": "stage8-refine2", "0ac1e7e": "stage8-refine3", "1571ba0": "stage9-refine"}
+# options that did not exist yet when a run was made, and what their absence meant
+ABSENT = {"paste_probability": 0.0, "refine_train_passes": 1}
+
+
+def _shipped_args(commit, tmp_path):
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    got = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:models/lite.safetensors"], capture_output=True)
+    if got.returncode:
+        pytest.skip(f"git history with {commit} not available")
+    path = tmp_path / f"{commit}.safetensors"
+    path.write_bytes(got.stdout)
+    return json.loads(_meta(path)["train_args"]), int(_meta(path)["step"])
+
+
+@pytest.mark.parametrize("commit", sorted(SHIPPED))
+def test_recipe_stages_match_the_arguments_recorded_in_each_shipped_weights_file(commit, tmp_path):
+    r = load_recipe(RECIPE)
+    stage = r.stage(SHIPPED[commit])
+    recorded, step = _shipped_args(commit, tmp_path)
+    ours = json.loads(recipe_mod.stage_options(r, stage, tmp_path, None, Runtime()).to_json())
+    for key in ("seed", "lr", "batch", "val_every", "train_frames", "val_frames", "weight_decay", "neighbour_weight",
+                "corner_weight", "refine_box_beta", "paste_probability", "refine_train_passes"):
+        if key in ("refine_box_beta", "refine_train_passes") and stage.kind != "refine":
+            continue
+        want = recorded.get(key, ABSENT.get(key, ours[key]))
+        passes = recipe_mod.stage_config(r, stage).refine.passes if stage.kind == "refine" else None
+        if key == "refine_train_passes":  # None: the config's refine.passes
+            want, got = want or passes, ours[key] or passes
+        else:
+            got = ours[key]
+        assert got == want, (key, got, want)
+    assert recorded.get("stage", "detector") == stage.kind and recorded["sim_option"] == []
+    assert step <= (stage.stop_after or stage.steps)  # the shipped checkpoint lies within the recorded run
+
