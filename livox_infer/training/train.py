@@ -577,33 +577,34 @@ def refuse_models_dir(path: Path, allowed: bool, what: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    D = TrainOptions()  # the defaults live in TrainOptions only
     p.add_argument("--write-models", action="store_true",
                    help="allow writing into the package's models/ (the shipped weights); refused otherwise")
-    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--config", default=D.config, help="model config name (models/<name>.yaml) or path")
     p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors. "
                                                "With a recipe: the output directory")
     p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
-    p.add_argument("--train-frames", type=int, default=2000)
-    p.add_argument("--val-frames", type=int, default=100)
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-every", type=int, default=500)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+    p.add_argument("--train-frames", type=int, default=D.train_frames)
+    p.add_argument("--val-frames", type=int, default=D.val_frames)
+    p.add_argument("--steps", type=int, default=D.steps)
+    p.add_argument("--batch", type=int, default=D.batch)
+    p.add_argument("--lr", type=float, default=D.lr)
+    p.add_argument("--weight-decay", type=float, default=D.weight_decay)
+    p.add_argument("--seed", type=int, default=D.seed)
+    p.add_argument("--val-every", type=int, default=D.val_every)
+    p.add_argument("--threads", type=int, default=D.threads, help="torch CPU threads")
+    p.add_argument("--workers", type=int, default=D.workers, help="data-preparation processes (0 = in the main process)")
+    p.add_argument("--device", default=D.device, help="auto | cpu | cuda")
+    p.add_argument("--precision", default=D.precision, choices=PRECISIONS,
                    help="training arithmetic: bf16 autocast (fp32 master weights) or fp32; auto = bf16 on a GPU "
                         "that supports it or a CPU with AMX, else fp32. Validation always runs in fp32")
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
     p.add_argument("--init", default=None, help="start from these weights instead of random (same config, or "
                                                 "the same network without the IoU head)")
-    p.add_argument("--stage", default="detector", choices=STAGES,
+    p.add_argument("--stage", default=D.stage, choices=STAGES,
                    help="detector: train the BEV network; refine: train only the stage-2 refiner of a config with "
                         "a refine section, on the candidates of the trained detector given by --init (frozen)")
-    p.add_argument("--refine-box-beta", type=float, default=0.02,
+    p.add_argument("--refine-box-beta", type=float, default=D.refine_box_beta,
                    help="--stage refine: smooth-L1 beta of the box residual loss. Residuals are in box lengths, so "
                         "a car's 0.2-0.3 m errors are ~0.05: at beta 0.1 they sat in the weak quadratic part "
                         "(0.02: validation car AP@0.7 +0.03, docs/detector.md)")
@@ -613,23 +614,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
-    p.add_argument("--paste-probability", type=float, default=0.6,
+    p.add_argument("--paste-probability", type=float, default=D.paste_probability,
                    help="share of training frames that get objects pasted in from other frames (0 = off)")
-    p.add_argument("--neighbour-weight", type=float, default=0.0,
+    p.add_argument("--neighbour-weight", type=float, default=D.neighbour_weight,
                    help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
                         "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
-    p.add_argument("--corner-weight", type=float, default=0.0,
+    p.add_argument("--corner-weight", type=float, default=D.corner_weight,
                    help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
                         "default: with uncertain yaw it biases box sizes, docs/detector.md)")
-    p.add_argument("--sensors", default=",".join(SENSOR_NAMES),
+    p.add_argument("--sensors", default=",".join(D.sensors),
                    help="comma-separated sensors newly generated shards cycle through: the five Livox models and "
                         "the spinning training proxies hdl64, vlp32, os64 (sim/sensors.py PROXY_SENSORS)")
-    p.add_argument("--intensity-drop", type=float, default=0.0,
+    p.add_argument("--intensity-drop", type=float, default=D.intensity.drop,
                    help="share of training frames whose intensity is zeroed (robustness to sensors whose intensity "
                         "differs from the simulator's, and the input of configs with use_intensity: false)")
     p.add_argument("--intensity-gain", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
-    p.add_argument("--intensity-gamma", type=float, nargs=2, default=(1.0, 1.0), metavar=("LOW", "HIGH"),
+    p.add_argument("--intensity-gamma", type=float, nargs=2, default=D.intensity.gamma, metavar=("LOW", "HIGH"),
                    help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
