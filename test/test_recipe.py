@@ -290,3 +290,11 @@ def test_recipe_stages_match_the_arguments_recorded_in_each_shipped_weights_file
     assert recorded.get("stage", "detector") == stage.kind and recorded["sim_option"] == []
     assert step <= (stage.stop_after or stage.steps)  # the shipped checkpoint lies within the recorded run
 
+
+
+def test_single_run_flags_are_refused_with_a_recipe(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    train_cli.add_arguments(p)
+    args = p.parse_args([str(RECIPE), "--out", str(tmp_path), "--steps", "10", "--lr", "0.1"])
+    assert train_cli.main(args) == 2
+    assert "--lr, --steps" in capsys.readouterr().err and not any(tmp_path.iterdir())

@@ -29,11 +29,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     train_mod.add_arguments(p)
 
 
+# flags that say how or where a recipe runs; every other flag configures a single run and is refused with a recipe
+RECIPE_FLAGS = {"recipe", "out", "start", "until", "scale", "threads", "workers", "device", "write_models"}
+
+
 def run_recipe_cli(args: argparse.Namespace) -> int:
     from livox_infer.resources import find
 
     if not args.out:
         raise ConfigError("a recipe runs into a directory: give it with --out DIR")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    ignored = sorted(k for k, v in vars(args).items() if k in defaults and k not in RECIPE_FLAGS and v != defaults[k])
+    if ignored:
+        raise ConfigError(f"the recipe sets what --{', --'.join(k.replace('_', '-') for k in ignored)} would: "
+                          "edit the recipe (or drop the recipe for a single run)")
     try:
         path = find("models", args.recipe)  # a path, or a recipe shipped in models/ (lite.train.yaml)
     except FileNotFoundError:
