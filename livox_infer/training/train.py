@@ -559,18 +559,15 @@ class TrainResult:
 
 def refuse_models_dir(path: Path, allowed: bool, what: str) -> None:
     """Training writes into the package's models/ (the shipped weights) only when told to."""
-    from livox_infer.resources import share_dir
+    from livox_infer.resources import models_dirs
 
     if allowed:
         return
-    try:
-        models = (share_dir() / "models").resolve()
-    except FileNotFoundError:
-        return
     p = Path(path).expanduser().resolve()
-    if p == models or models in p.parents:
-        raise ConfigError(f"{what} {path} is inside the package's models/ ({models}), which holds the shipped "
-                          "weights: training writes there only with --write-models")
+    for models in (m.resolve() for m in models_dirs()):
+        if p == models or models in p.parents:
+            raise ConfigError(f"{what} {path} is inside the package's models/ ({models}), which holds the shipped "
+                              "weights: training writes there only with --write-models")
 
 
 # --------------------------------------------------------------------------- CLI
