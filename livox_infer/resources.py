@@ -32,6 +32,11 @@ def _candidates() -> list[Path]:
     return out
 
 
+def models_dirs() -> list[Path]:
+    """Every models/ directory the package may load configs and weights from (training must not write there)."""
+    return [c / "models" for c in _candidates() if (c / "models").is_dir()]
+
+
 def share_dir() -> Path:
     """The first directory that holds this package's data (config/ and models/)."""
     for c in _candidates():

@@ -30,9 +30,6 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 MODEL_CARDS = sorted((REPO / "models").glob("*.md"))
 DOC_FILES = [README, *DOCS, *MODEL_CARDS]
 
-# Files that other parts of issue 17 add (the parameter page with its generator livox_infer/params.py; the
-# training recipe): a mention is checked once they exist. Remove an entry when its change has landed.
-PENDING = {"docs/parameters.md": "livox_infer/params.py", "models/lite.train.yaml": "models/lite.train.yaml"}
 
 
 def _rel(p: Path) -> str:
@@ -167,8 +164,6 @@ def _mentioned_paths(doc: Path) -> set[str]:
 
 
 def _exists(path: str) -> bool:
-    if path in PENDING and not (REPO / PENDING[path]).exists():
-        return True
     return (REPO / path).exists()
 
 
@@ -252,8 +247,6 @@ def test_readme_has_livox_infer_commands():
 def test_readme_command_parses_with_the_real_cli(argv):
     from livox_infer.tools import cli
 
-    if argv[:2] == ["train", "models/lite.train.yaml"] and not (REPO / "models/lite.train.yaml").exists():
-        pytest.skip("the training recipe file arrives with the recipe change")
     parser = cli.build_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -286,8 +279,6 @@ def test_readme_python_block_runs_as_written():
 def test_docs_commands_parse_with_the_real_cli(page, argv):
     from livox_infer.tools import cli
 
-    if argv[:2] == ["train", "models/lite.train.yaml"] and not (REPO / "models/lite.train.yaml").exists():
-        pytest.skip("the training recipe file arrives with the recipe change")
     try:
         cli.build_parser(argv).parse_args(argv)
     except SystemExit as exc:

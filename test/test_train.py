@@ -342,6 +342,31 @@ def test_train_is_reproducible_and_resumes_to_the_same_weights(tiny_dataset, tmp
 
 
 @pytest.mark.slow  # shares the tiny-dataset fixture
+def test_train_function_makes_the_weights_the_cli_makes(tiny_dataset, tmp_path):
+    """`train(TrainOptions)` is the library entry; the CLI only builds the options."""
+    cli_args, _ = _fresh_run(tiny_dataset, tmp_path / "cli")
+    assert train_mod.main(cli_args) == 0
+    _, work = _fresh_run(tiny_dataset, tmp_path / "fn")
+    opts = train_mod.TrainOptions(config=tiny_dataset[1], work_dir=work, out=tmp_path / "fn" / "best.safetensors",
+                                  train_frames=50, val_frames=10, steps=4, batch=2, val_every=2, threads=1, workers=0,
+                                  seed=3)
+    result = train_mod.train(opts)
+    assert result.out == opts.out and result.step == 4 and result.best_score > -math.inf
+    a, _ = _tensors(tmp_path / "cli" / "work" / "checkpoint.safetensors")
+    b, meta = _tensors(work / "checkpoint.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads(meta["args"])["seed"] == 3
+    # stop_after ends the run early on the same schedule; select "last" keeps the last validation's weights
+    _, work = _fresh_run(tiny_dataset, tmp_path / "stop")
+    opts.work_dir, opts.out, opts.stop_after, opts.select = work, tmp_path / "stop" / "w.safetensors", 2, "last"
+    assert train_mod.train(opts).step == 2
+    _, meta = _tensors(opts.out)
+    assert meta["step"] == "2"
+    c, _ = _tensors(work / "checkpoint.safetensors")
+    assert any(not torch.equal(a[k], c[k]) for k in a if k.startswith("model."))  # 4 steps vs 2
+
+
+@pytest.mark.slow  # shares the tiny-dataset fixture
 def test_train_rejects_bad_sim_option(tiny_dataset, tmp_path, capsys):
     args, _ = _fresh_run(tiny_dataset, tmp_path, sim_option=["n_cyclists"])
     assert train_mod.main(args) == 2

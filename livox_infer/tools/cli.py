@@ -16,7 +16,7 @@ from livox_infer.errors import LivoxInferError
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("livox_infer.sim.cli", "simulate Livox scans with ground truth into a rosbag2"),
-    "train": ("livox_infer.training.train", "train the detector on simulated scans"),
+    "train": ("livox_infer.training.cli", "train the detector on simulated scans"),
     "eval": ("livox_infer.evaluation.evaluate", "average precision against ground truth"),
     "detect": ("livox_infer.tools.detect", "run the detector over a bag or point files, or an archive of them (--out-dir, Ray)"),
     "run": ("livox_infer.ros.node", "start the ROS 2 detector node from a preset YAML (no ros2 launch needed)"),

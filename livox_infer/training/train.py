@@ -22,7 +22,7 @@ import logging
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +115,11 @@ def frame_spec(split: str, i: int, seed: int, sensors: tuple[str, ...] = SENSOR_
 
 
 def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig,
-                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> Path:
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES,
+                   shard_frames: int = SHARD_FRAMES) -> Path:
     frames = []
-    for j in range(SHARD_FRAMES):
-        i = index * SHARD_FRAMES + j
+    for j in range(shard_frames):
+        i = index * shard_frames + j
         sensor, sim_seed, kind = frame_spec(split, i, seed, sensors)
         f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
         f.points = _crop(f.points, cfg)
@@ -158,15 +159,21 @@ def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
 
 
 def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig,
-                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES) -> list[Frame]:
+                   sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES,
+                   shard_frames: int = SHARD_FRAMES) -> list[Frame]:
+    """The first ``n_frames`` frames of the split, simulating the shards that are missing. Frame i is the
+    same scene whatever ``shard_frames`` is (its seed depends on i only), so a run with 1-frame shards
+    (a scaled-down recipe) sees a prefix of the full data set."""
     from tqdm import tqdm
 
+    if n_frames <= 0:
+        return []
     data_dir.mkdir(parents=True, exist_ok=True)
-    n_shards = max(1, math.ceil(n_frames / SHARD_FRAMES))
+    n_shards = math.ceil(n_frames / shard_frames)
     todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
     if todo:
-        for k in tqdm(todo, desc=f"simulating {split} ({SHARD_FRAMES} frames/shard)", unit="shard"):
-            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors)
+        for k in tqdm(todo, desc=f"simulating {split} ({shard_frames} frames/shard)", unit="shard"):
+            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors, shard_frames)
     return load_shards(data_dir, split, n_shards)[:n_frames]
 
 
@@ -450,35 +457,151 @@ def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
     return peak * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+# --------------------------------------------------------------------------- options
+
+
+SELECTIONS = ("best", "last")
+
+
+@dataclass
+class TrainOptions:
+    """Everything one training run depends on; one field per `livox-infer train` flag.
+
+    ``steps`` is the length of the learning-rate schedule, ``stop_after`` (default: ``steps``) where
+    the run stops; ``select`` = "best": ``out`` holds the weights of the best validation, "last": of
+    the last one. ``shard_frames``: frames per dataset shard (1 in scaled-down recipe runs)."""
+
+    config: str | Path | ModelConfig = "lite"
+    out: Path | None = None
+    work_dir: Path | None = None
+    train_frames: int = 2000
+    val_frames: int = 100
+    steps: int = 6000
+    stop_after: int | None = None
+    select: str = "best"
+    batch: int = 8
+    lr: float = 3e-3
+    weight_decay: float = 1e-2
+    seed: int = 0
+    val_every: int = 500
+    threads: int = 2
+    workers: int = 1
+    device: str = "auto"
+    precision: str = "auto"
+    resume: bool = False
+    init: str | Path | None = None
+    stage: str = "detector"
+    refine_box_beta: float = 0.02
+    refine_train_passes: int | None = None
+    data_only: bool = False
+    sim_options: dict[str, Any] = field(default_factory=dict)
+    sensors: tuple[str, ...] = SENSOR_NAMES
+    shard_frames: int = SHARD_FRAMES
+    paste_probability: float = 0.6
+    neighbour_weight: float = 0.0
+    corner_weight: float = 0.0
+    intensity: IntensityAugment = IntensityAugment()
+    keep_checkpoints: bool = False
+    time_budget: float | None = None  # minutes; progress = max(step/steps, elapsed/budget): not reproducible
+    write_models: bool = False  # allow out / work_dir inside the package's models/ (the shipped weights)
+
+    def model_config(self) -> ModelConfig:
+        return self.config if isinstance(self.config, ModelConfig) else ModelConfig.load(self.config)
+
+    def check(self) -> None:
+        """ConfigError for an inconsistent option, before any shard is simulated."""
+        from livox_infer.sim.sensors import get_sensor
+
+        if not self.sensors:
+            raise ConfigError("--sensors names no sensor")
+        for name in self.sensors:
+            get_sensor(name)  # ConfigError for an unknown name
+        for name in ("train_frames", "val_frames"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("steps", "batch", "val_every", "shard_frames"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
+            raise ConfigError(f"stop_after must be in [1, steps={self.steps}], got {self.stop_after}")
+        if self.stage not in STAGES:
+            raise ConfigError(f"--stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        if self.select not in SELECTIONS:
+            raise ConfigError(f"select must be one of {', '.join(SELECTIONS)}, got {self.select!r}")
+        aug = self.intensity
+        if not 0.0 <= aug.drop <= 1.0:
+            raise ConfigError("--intensity-drop must be in [0, 1]")
+        if not 0 < aug.gain[0] <= aug.gain[1]:
+            raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
+
+    def to_json(self) -> str:
+        """The options as recorded in the weights' metadata (train_args)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, ModelConfig):
+                v = v.source or v.name
+            elif isinstance(v, IntensityAugment):
+                v = asdict(v)
+            elif isinstance(v, Path):
+                v = str(v)
+            out[f.name] = v
+        return json.dumps(out, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out: Path | None  # the selected weights (None for data_only)
+    work_dir: Path
+    step: int  # the last step trained
+    best_score: float  # the best validation score (-inf if none ran)
+
+
+def refuse_models_dir(path: Path, allowed: bool, what: str) -> None:
+    """Training writes into the package's models/ (the shipped weights) only when told to."""
+    from livox_infer.resources import models_dirs
+
+    if allowed:
+        return
+    p = Path(path).expanduser().resolve()
+    for models in (m.resolve() for m in models_dirs()):
+        if p == models or models in p.parents:
+            raise ConfigError(f"{what} {path} is inside the package's models/ ({models}), which holds the shipped "
+                              "weights: training writes there only with --write-models")
+
+
 # --------------------------------------------------------------------------- CLI
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="lite", help="model config name (models/<name>.yaml) or path")
-    p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors "
-                                               "(models/ is written only when named here)")
+    D = TrainOptions()  # the defaults live in TrainOptions only
+    p.add_argument("--write-models", action="store_true",
+                   help="allow writing into the package's models/ (the shipped weights); refused otherwise")
+    p.add_argument("--config", default=D.config, help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors. "
+                                               "With a recipe: the output directory")
     p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
-    p.add_argument("--train-frames", type=int, default=2000)
-    p.add_argument("--val-frames", type=int, default=100)
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-every", type=int, default=500)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--workers", type=int, default=1, help="data-preparation processes (0 = in the main process)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+    p.add_argument("--train-frames", type=int, default=D.train_frames)
+    p.add_argument("--val-frames", type=int, default=D.val_frames)
+    p.add_argument("--steps", type=int, default=D.steps)
+    p.add_argument("--batch", type=int, default=D.batch)
+    p.add_argument("--lr", type=float, default=D.lr)
+    p.add_argument("--weight-decay", type=float, default=D.weight_decay)
+    p.add_argument("--seed", type=int, default=D.seed)
+    p.add_argument("--val-every", type=int, default=D.val_every)
+    p.add_argument("--threads", type=int, default=D.threads, help="torch CPU threads")
+    p.add_argument("--workers", type=int, default=D.workers, help="data-preparation processes (0 = in the main process)")
+    p.add_argument("--device", default=D.device, help="auto | cpu | cuda")
+    p.add_argument("--precision", default=D.precision, choices=PRECISIONS,
                    help="training arithmetic: bf16 autocast (fp32 master weights) or fp32; auto = bf16 on a GPU "
                         "that supports it or a CPU with AMX, else fp32. Validation always runs in fp32")
     p.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.safetensors")
     p.add_argument("--init", default=None, help="start from these weights instead of random (same config, or "
                                                 "the same network without the IoU head)")
-    p.add_argument("--stage", default="detector", choices=STAGES,
+    p.add_argument("--stage", default=D.stage, choices=STAGES,
                    help="detector: train the BEV network; refine: train only the stage-2 refiner of a config with "
                         "a refine section, on the candidates of the trained detector given by --init (frozen)")
-    p.add_argument("--refine-box-beta", type=float, default=0.02,
+    p.add_argument("--refine-box-beta", type=float, default=D.refine_box_beta,
                    help="--stage refine: smooth-L1 beta of the box residual loss. Residuals are in box lengths, so "
                         "a car's 0.2-0.3 m errors are ~0.05: at beta 0.1 they sat in the weak quadratic part "
                         "(0.02: validation car AP@0.7 +0.03, docs/detector.md)")
@@ -488,78 +611,109 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
-    p.add_argument("--paste-probability", type=float, default=0.6,
+    p.add_argument("--paste-probability", type=float, default=D.paste_probability,
                    help="share of training frames that get objects pasted in from other frames (0 = off)")
-    p.add_argument("--neighbour-weight", type=float, default=0.0,
+    p.add_argument("--neighbour-weight", type=float, default=D.neighbour_weight,
                    help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
                         "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
-    p.add_argument("--corner-weight", type=float, default=0.0,
+    p.add_argument("--corner-weight", type=float, default=D.corner_weight,
                    help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
                         "default: with uncertain yaw it biases box sizes, docs/detector.md)")
-    p.add_argument("--sensors", default=",".join(SENSOR_NAMES),
+    p.add_argument("--sensors", default=",".join(D.sensors),
                    help="comma-separated sensors newly generated shards cycle through: the five Livox models and "
                         "the spinning training proxies hdl64, vlp32, os64 (sim/sensors.py PROXY_SENSORS)")
-    p.add_argument("--intensity-drop", type=float, default=0.0,
+    p.add_argument("--intensity-drop", type=float, default=D.intensity.drop,
                    help="share of training frames whose intensity is zeroed (robustness to sensors whose intensity "
                         "differs from the simulator's, and the input of configs with use_intensity: false)")
     p.add_argument("--intensity-gain", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
-    p.add_argument("--intensity-gamma", type=float, nargs=2, default=(1.0, 1.0), metavar=("LOW", "HIGH"),
+    p.add_argument("--intensity-gamma", type=float, nargs=2, default=D.intensity.gamma, metavar=("LOW", "HIGH"),
                    help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
-                        "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
+                        "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine "
+                        "(the step count then depends on the machine: recipes record steps instead)")
+
+
+def intensity_augment(drop: float = 0.0, gain: tuple[float, float] | None = None,
+                      gamma: tuple[float, float] = (1.0, 1.0)) -> IntensityAugment:
+    """--intensity-drop / --intensity-gain / --intensity-gamma: without a gain range, the original augmentation."""
+    if gain is None:
+        return IntensityAugment(drop=float(drop))
+    return IntensityAugment(drop=float(drop), gain=(float(gain[0]), float(gain[1])),
+                            gamma=(float(gamma[0]), float(gamma[1])), log_gain=True)
+
+
+def options_from_args(args: argparse.Namespace) -> TrainOptions:
+    """The flags of one `livox-infer train` run (no recipe) as TrainOptions."""
+    return TrainOptions(
+        config=args.config, out=Path(args.out) if args.out else None,
+        work_dir=Path(args.work_dir) if args.work_dir else None, train_frames=args.train_frames,
+        val_frames=args.val_frames, steps=args.steps, batch=args.batch, lr=args.lr, weight_decay=args.weight_decay,
+        seed=args.seed, val_every=args.val_every, threads=args.threads, workers=args.workers, device=args.device,
+        precision=args.precision, resume=args.resume, init=args.init, stage=args.stage,
+        refine_box_beta=args.refine_box_beta, refine_train_passes=args.refine_train_passes, data_only=args.data_only,
+        sim_options=parse_sim_options(args.sim_option),
+        sensors=tuple(x.strip() for x in str(args.sensors).split(",") if x.strip()),
+        paste_probability=args.paste_probability, neighbour_weight=args.neighbour_weight,
+        corner_weight=args.corner_weight,
+        intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
+        keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
+        write_models=getattr(args, "write_models", False),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        return _train(args)
+        train(options_from_args(args))
+        return 0
     except LivoxInferError as exc:
         print(f"livox-infer train: {exc}", file=sys.stderr)
         return 2
 
 
-def _train(args: argparse.Namespace) -> int:
+# --------------------------------------------------------------------------- training
+
+
+def train(opts: TrainOptions) -> TrainResult:
+    """One training run (dataset shards, then the detector or the refiner); see the module doc."""
     from tqdm import tqdm
 
     from livox_infer.voxelize.voxelizer import resolve_device
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    cfg = ModelConfig.load(args.config)
-    device = resolve_device(args.device)
-    work = Path(args.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
-    # never over the shipped weights unless asked to (--out models/lite.safetensors): the best weights go
-    # into the work dir by default
-    out = Path(args.out) if args.out else work / f"{cfg.name}.best.safetensors"
+    opts.check()
+    torch.set_num_threads(opts.threads)
+    torch.manual_seed(opts.seed)
+    cfg = opts.model_config()
+    device = resolve_device(opts.device)
+    work = Path(opts.work_dir or Path.home() / ".cache" / "livox_infer" / "train" / cfg.name).expanduser()
+    # never over the shipped weights unless told to (write_models): the best weights go into the work dir
+    out = Path(opts.out) if opts.out else work / f"{cfg.name}.best.safetensors"
+    refuse_models_dir(work, opts.write_models, "the work dir")
+    refuse_models_dir(out, opts.write_models, "the output")
+    end = opts.stop_after or opts.steps
     t_start = time.time()
-    sim_options = parse_sim_options(args.sim_option)
-    sensors = tuple(x.strip() for x in str(args.sensors).split(",") if x.strip())
-    from livox_infer.sim.sensors import get_sensor
-
-    for name in sensors:
-        get_sensor(name)  # ConfigError for an unknown name, before any shard is simulated
-    if not sensors:
-        raise ConfigError("--sensors names no sensor")
-    train_frames = ensure_dataset(work / "data", "train", args.train_frames, args.seed, cfg, sim_options, sensors)
-    val_frames = ensure_dataset(work / "data", "val", args.val_frames, args.seed, cfg, sensors=sensors)
+    train_frames = ensure_dataset(work / "data", "train", opts.train_frames, opts.seed, cfg, opts.sim_options,
+                                  opts.sensors, opts.shard_frames)
+    val_frames = ensure_dataset(work / "data", "val", opts.val_frames, opts.seed, cfg, sensors=opts.sensors,
+                                shard_frames=opts.shard_frames)
     log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
              time.time() - t_start)
-    if args.data_only:
-        return 0
+    if opts.data_only:
+        return TrainResult(None, work, 0, -math.inf)
 
-    amp_dtype = resolve_precision(args.precision, device)
+    amp_dtype = resolve_precision(opts.precision, device)
     # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
     net = build_model(cfg).to(device).to(memory_format=torch.channels_last)
-    refining = args.stage == "refine"
+    refining = opts.stage == "refine"
     if refining:
         if cfg.refine is None:
             raise ConfigError(f"--stage refine needs a model config with a refine section ({cfg.source or cfg.name} has none)")
-        if not args.init and not (args.resume and (work / "checkpoint.safetensors").is_file()):
+        if not opts.init and not (opts.resume and (work / "checkpoint.safetensors").is_file()):
             raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
         net.requires_grad_(False)
         net.refiner.requires_grad_(True)
@@ -567,47 +721,38 @@ def _train(args: argparse.Namespace) -> int:
         log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
                     "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
     trained = net.refiner if refining else net
-    opt = torch.optim.AdamW(trained.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW(trained.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
-    if args.init:
+    if opts.init:
         from livox_infer.detector.weights import warm_start
 
-        grown = warm_start(net, cfg, args.init, map_location=str(device))
-        log.info("initialised from %s%s", args.init,
+        grown = warm_start(net, cfg, opts.init, map_location=str(device))
+        log.info("initialised from %s%s", opts.init,
                  f" ({len(grown)} tensors grown or added: {', '.join(grown[:4])}{', ...' if len(grown) > 4 else ''})"
                  if grown else "")
-    if args.resume and ckpt.is_file():
+    if opts.resume and ckpt.is_file():
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
     log.info("training on %s, %s arithmetic, %d threads", device, "bf16 autocast" if amp_dtype else "fp32",
              torch.get_num_threads())
-    args_json = json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}, sort_keys=True)
+    args_json = opts.to_json()
     paste_db = None
-    if args.paste_probability > 0:
+    if opts.paste_probability > 0:
         t0 = time.time()
-        paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=args.paste_probability),
-                                  seed=args.seed)
+        paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=opts.paste_probability),
+                                  seed=opts.seed)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
-    if not (0.0 <= args.intensity_drop <= 1.0):
-        raise ConfigError("--intensity-drop must be in [0, 1]")
-    intensity = IntensityAugment(drop=args.intensity_drop)
-    if args.intensity_gain is not None:
-        lo, hi = args.intensity_gain
-        if not (0 < lo <= hi):
-            raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
-        intensity = IntensityAugment(drop=args.intensity_drop, gain=(lo, hi), gamma=tuple(args.intensity_gamma),
-                                     log_gain=True)
-    stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight,
-                         with_scene=refining, intensity=intensity)
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
-                                         prefetch_factor=4 if args.workers else None)
+    stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,
+                         with_scene=refining, intensity=opts.intensity)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=opts.workers,
+                                         prefetch_factor=4 if opts.workers else None)
     history = []
     t_loop = time.time()
-    budget_s = args.time_budget * 60 if args.time_budget else None
+    budget_s = opts.time_budget * 60 if opts.time_budget else None
     if start and budget_s:  # a resumed budgeted run continues its progress where it stopped
-        budget_s = max(60.0, budget_s * (1 - start / args.steps))
+        budget_s = max(60.0, budget_s * (1 - start / opts.steps))
     if refining and start == 0:
         v = validate(net, cfg, val_frames, device)
         log.info("detector alone (no refiner): val score %.3f, BEV AP %s", val_score(v),
@@ -615,23 +760,23 @@ def _train(args: argparse.Namespace) -> int:
     net.train(not refining)  # stage 2 keeps the detector in eval mode (BatchNorm statistics frozen)
     if refining:
         net.refiner.train()
-    bar = tqdm(loader, total=args.steps - start, desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
+    bar = tqdm(loader, total=max(0, end - start), desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
     ema = None
-    step = start
-    progress = start / args.steps
+    step = start - 1
+    progress = start / opts.steps
     for step, bev, tgt, scene in bar:
-        progress = step / args.steps
+        progress = step / opts.steps
         if budget_s:
             progress = max(progress, (time.time() - t_loop) / budget_s)
         for grp in opt.param_groups:
-            grp["lr"] = lr_at(progress, args.lr)
+            grp["lr"] = lr_at(progress, opts.lr)
         bev = bev.to(device, non_blocking=True)
         tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
         if refining:
-            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, args.refine_box_beta,
-                                             args.refine_train_passes or cfg.refine.passes)
+            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
+                                             opts.refine_train_passes or cfg.refine.passes)
         else:
-            loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, args.corner_weight)
+            loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
@@ -640,7 +785,7 @@ def _train(args: argparse.Namespace) -> int:
         bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
         done = step + 1
         out_of_time = progress >= 1.0
-        if done % args.val_every == 0 or done == args.steps or out_of_time:
+        if done % opts.val_every == 0 or done == end or out_of_time:
             v = validate(net, cfg, val_frames, device, refine=refining)
             if refining:
                 net.train(False)
@@ -653,18 +798,14 @@ def _train(args: argparse.Namespace) -> int:
                 ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
             )
             history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
-            if score > best:
-                best = score
-                save_weights(net, cfg, out, extra={
-                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
-                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
-                })
-                log.info("saved best weights to %s", out)
-            if args.keep_checkpoints:
-                save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra={
-                    "trained": "yes", "step": str(done), "val_score": f"{score:.4f}",
-                    "val_ap": json.dumps(v["ap"]), "train_args": args_json,
-                })
+            meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
+                    "train_args": args_json}
+            if score > best or opts.select == "last":
+                best = max(best, score)
+                save_weights(net, cfg, out, extra=meta)
+                log.info("saved %s weights to %s", opts.select, out)
+            if opts.keep_checkpoints:
+                save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra=meta)
             save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
             with open(work / "history.jsonl", "a") as f:
                 f.write(json.dumps(history[-1]) + "\n")
@@ -672,4 +813,4 @@ def _train(args: argparse.Namespace) -> int:
             log.info("--time-budget used up at step %d", done)
             break
     log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
-    return 0
+    return TrainResult(out, work, step + 1, best)
