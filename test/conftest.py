@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Tests must not talk to other ROS graphs on the machine.
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
@@ -27,3 +29,13 @@ def tiny_model_dict(stem_channels: int = 4) -> dict:
     d["head"]["head_channels"] = 8
     d["weights"] = "tiny.safetensors"
     return d
+
+
+@pytest.fixture
+def ros():
+    """A RosHarness (test_node_support: its own rclpy context and executor), closed after the test."""
+    from test_node_support import RosHarness  # rclpy only for the tests that ask for it
+
+    h = RosHarness()
+    yield h
+    h.close()

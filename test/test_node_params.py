@@ -21,17 +21,10 @@ pytest.importorskip("vision_msgs.msg")
 from livox_infer.ros.node import DetectorNode, add_arguments, ros_arguments
 from livox_infer.params import BY_NAME, class_params  # noqa: E402
 from livox_infer.presets import SENSOR_PRESETS, load_preset, preset_files, read_param_file  # noqa: E402
-from test_node_support import FakeFactory, RosHarness, unique  # noqa: E402
+from test_node_support import FakeFactory, unique  # noqa: E402
 
 pytestmark = pytest.mark.ros
 CONFIG = Path(__file__).resolve().parent.parent / "config"
-
-
-@pytest.fixture
-def ros():
-    h = RosHarness()
-    yield h
-    h.close()
 
 
 def test_there_is_one_preset_per_sensor_over_one_base():

@@ -17,16 +17,9 @@ from vision_msgs.msg import Detection3DArray  # noqa: E402
 
 from livox_infer.ros import messages as ros_msgs  # noqa: E402
 from livox_infer.ros.node import DetectorNode  # noqa: E402
-from test_node_support import Collector, FakeFactory, RosHarness, cloud_msg, unique, wait_for  # noqa: E402
+from test_node_support import cloud_msg, Collector, FakeFactory, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
-
-
-@pytest.fixture
-def ros():
-    h = RosHarness()
-    yield h
-    h.close()
 
 
 def publish_while(pub, msg, condition, timeout_s=10.0) -> bool:

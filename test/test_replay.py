@@ -20,19 +20,12 @@ from livox_infer.bags import BagWriter  # noqa: E402
 from livox_infer.errors import ConfigError  # noqa: E402
 from livox_infer.decode.pointcloud import decode_pointcloud2, encode_pointcloud2  # noqa: E402
 from livox_infer.ros.replay import BagError, BagReplayer, parse_remaps  # noqa: E402
-from test_node_support import Collector, RosHarness, unique, wait_for  # noqa: E402
+from test_node_support import Collector, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
 FRAMES = 6
 PERIOD_NS = 100_000_000  # 10 Hz
 T0 = 1_700_000_000_000_000_000
-
-
-@pytest.fixture
-def ros():
-    h = RosHarness()
-    yield h
-    h.close()
 
 
 def frame_points(i: int) -> np.ndarray:

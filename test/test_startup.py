@@ -77,3 +77,21 @@ def test_bench_startup_times_node_start_to_first_detection():
     row = [line for line in out.stdout.splitlines() if line.startswith("|   1 |")]
     assert row and "eager" in row[0] and "weights" in row[0], out.stdout
     assert float(row[0].split("|")[3]) > 0
+
+
+def test_node_says_ready_once_with_the_phases_and_the_bench_reads_that_line():
+    """One event, one line: `pipeline ready after N s (<phases>)` (there used to be a second `start-up:` line)."""
+    from livox_infer.bench.startup import STARTUP_RE
+    from livox_infer.ros.warmup import warming_up
+
+    lines = []
+
+    class Log:
+        def info(self, msg):
+            lines.append(msg)
+
+    with warming_up(Log(), lambda s: None, 10.0, lambda: "weights 0.1 s, compile 9.9 s, cache warm (1 graphs)"):
+        pass
+    assert len(lines) == 1 and lines[0].startswith("pipeline ready after ")
+    assert STARTUP_RE.search("[INFO] [det]: " + lines[0] + "\n").group(1) == (
+        "weights 0.1 s, compile 9.9 s, cache warm (1 graphs)")

@@ -22,7 +22,7 @@ from livox_infer.bench.table import format_table
 from livox_infer.params import add_cli_options, parse_bool
 from livox_infer.threads import add_threads_argument
 
-STARTUP_RE = re.compile(r"start-up: (.*)$", re.MULTILINE)
+STARTUP_RE = re.compile(r"pipeline ready after [\d.]+ s \((.*)\)$", re.MULTILINE)  # the node's one ready line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -192,7 +192,7 @@ class DetectorNode(Node):
         self._pipeline = None
         self.get_logger().info(node_startup.describe_start(self._values))
         with node_startup.warming_up(self.get_logger(), self._publish_warming_up,
-                                     float(self._values["diagnostics_period"])):
+                                     float(self._values["diagnostics_period"]), self._describe_startup):
             # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
             self._pipeline = self._factory({**pipeline_options(self._values), **self._rig_options})
 
@@ -233,7 +233,6 @@ class DetectorNode(Node):
             f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
             f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
         )
-        self.get_logger().info(f"start-up: {self._describe_startup()}")
 
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> tuple[Param, ...]:

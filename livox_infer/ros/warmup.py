@@ -39,9 +39,10 @@ def describe_start(values: dict[str, Any]) -> str:
 
 
 @contextmanager
-def warming_up(logger, publish_status: Callable[[float], None], period_s: float) -> Iterator[None]:
+def warming_up(logger, publish_status: Callable[[float], None], period_s: float,
+               summary: Callable[[], str] | None = None) -> Iterator[None]:
     """Run the body (the pipeline build) while a thread calls ``publish_status(elapsed_s)`` every ``period_s`` and
-    logs progress every PROGRESS_LOG_PERIOD_S; logs how long it took."""
+    logs progress every PROGRESS_LOG_PERIOD_S; then one line: how long it took and ``summary()`` (the phases)."""
     done = threading.Event()
     started = time.monotonic()
 
@@ -62,5 +63,6 @@ def warming_up(logger, publish_status: Callable[[float], None], period_s: float)
     finally:
         done.set()
         thread.join(timeout=period_s + 1.0)
-    logger.info(f"pipeline ready after {time.monotonic() - started:.1f} s")
+    phases = summary() if summary is not None else ""
+    logger.info(f"pipeline ready after {time.monotonic() - started:.1f} s" + (f" ({phases})" if phases else ""))
 
