@@ -143,7 +143,7 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
     if not path.is_file():
         raise WeightsError(
             f"weights file not found: {path} (config {cfg.source or cfg.name}); train one with "
-            f"`livox-infer train --config {cfg.name}` or pass weights=<file.safetensors>"
+            f"`livox-infer train --model {cfg.name}` or pass weights=<file.safetensors>"
         )
     meta = _detector_metadata(path)
     if meta.get("architecture_hash") != cfg.architecture_hash():

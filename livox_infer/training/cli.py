@@ -1,7 +1,7 @@
 """`livox-infer train`: a recipe file (every stage, into one directory) or one run configured by flags.
 
     livox-infer train models/lite.train.yaml --out DIR [--from STAGE] [--until STAGE] [--scale F]
-    livox-infer train --config lite --steps 200 ...            (flags: training/train.py add_arguments)
+    livox-infer train --model lite --steps 200 ...            (flags: training/train.py add_arguments)
 """
 
 from __future__ import annotations

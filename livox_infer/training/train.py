@@ -577,7 +577,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     D = TrainOptions()  # the defaults live in TrainOptions only
     p.add_argument("--write-models", action="store_true",
                    help="allow writing into the package's models/ (the shipped weights); refused otherwise")
-    p.add_argument("--config", default=D.config, help="model config name (models/<name>.yaml) or path")
+    p.add_argument("--model", "--config", dest="config", default=D.config,
+                   help="model config name (models/<name>.yaml) or path (--config: the older spelling)")
     p.add_argument("--out", default=None, help="best weights (safetensors); default <work-dir>/<config>.best.safetensors. "
                                                "With a recipe: the output directory")
     p.add_argument("--work-dir", default=None, help="dataset shards + checkpoint (default ~/.cache/livox_infer/train/<config>)")
