@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from livox_infer.errors import ConfigError, PointCloudError
+from livox_infer.params import DEFAULTS
 
 
 @dataclass
@@ -74,7 +75,7 @@ def min_area_rectangle(xy: np.ndarray, step_deg: float = 2.0) -> tuple[float, fl
 class BaselineDetector:
     """detect(points (N,4)) -> BaselineDetections. sensor_height in metres or "auto"."""
 
-    def __init__(self, sensor_height: float | str = 1.8, cell: float = 0.25, x_range=(0.0, 80.0),
+    def __init__(self, sensor_height: float | str = DEFAULTS["sensor_height"], cell: float = 0.25, x_range=(0.0, 80.0),
                  y_range=(-40.0, 40.0), min_points: int = 8) -> None:
         if not (sensor_height == "auto" or (isinstance(sensor_height, (int, float)) and math.isfinite(sensor_height))):
             raise ConfigError(f"sensor_height must be metres or 'auto', got {sensor_height!r}")
@@ -104,7 +105,6 @@ class BaselineDetector:
 
     def detect(self, points) -> BaselineDetections:
         from livox_infer.ground import estimate_sensor_height
-        from livox_infer.pipeline import DEFAULT_SENSOR_HEIGHT
 
         p = np.asarray(points, dtype=np.float32)
         if p.ndim != 2 or p.shape[1] < 3:
@@ -112,7 +112,7 @@ class BaselineDetector:
         p = p[np.all(np.isfinite(p[:, :3]), axis=1) & np.any(p[:, :3] != 0, axis=1)]
         if self.sensor_height == "auto":
             h = estimate_sensor_height(p)
-            h = DEFAULT_SENSOR_HEIGHT if h is None else h
+            h = DEFAULTS["sensor_height"] if h is None else h
         else:
             h = float(self.sensor_height)
         empty = BaselineDetections(np.zeros((0, 7), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))

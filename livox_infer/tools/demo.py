@@ -24,6 +24,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.tools.bev_plot import save_bev_png
+from livox_infer.params import DEFAULTS
 
 
 
@@ -138,7 +139,7 @@ def run_demo(out_dir: str | Path = "out", *, sensor: str = "avia", frames: int =
         shutil.rmtree(bag)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    simulate_bag(bag, sensor, frames, seed, sensor_height=1.8)
+    simulate_bag(bag, sensor, frames, seed, sensor_height=DEFAULTS["sensor_height"])  # the default mount
     gt = {f.stamp_ns: f for f in read_detections(bag)}
     say(f"simulated {frames} {sensor} frames with ground truth -> {bag} ({time.perf_counter() - t0:.1f} s)")
 
