@@ -37,6 +37,35 @@ def test_sensor_option_applies_the_preset_as_the_node_does():
     assert opts["bev_extent"][1] >= 150.0  # Tele-15: its grid reaches 150 m
 
 
+def test_options_given_on_the_command_line_win_over_the_preset(tmp_path):
+    """`--sensor avia --no-refine --sensor-height 1.5 --tag-filter off` runs stage 1 alone at 1.5 m without the tag
+    filter (the preset used to override them silently); options not given come from the preset."""
+    args = parse(["x.pcd", "--out", "-", "--sensor", "avia", "--no-refine", "--sensor-height", "1.5", "--tag-filter",
+                  "off", "--test-time-flip", "--model", str(tmp_path / "m.yaml")])
+    opts = detect_io.pipeline_kwargs(args)
+    preset = pipeline_options(load_preset("avia"))
+    assert opts["refine"] is False and opts["sensor_height"] == 1.5 and opts["tag_filter"] == "off"
+    assert opts["test_time_flip"] is True and opts["model"] == str(tmp_path / "m.yaml")
+    assert opts["roi"] == preset["roi"] and opts["bev_extent"] == preset["bev_extent"]
+    plain = detect_io.pipeline_kwargs(parse(["x.pcd", "--out", "-"]))  # no preset: the CLI's defaults
+    assert plain["refine"] is True and plain["sensor_height"] == "auto" and plain["tag_filter"] == "high_confidence"
+    assert "roi" not in plain
+
+
+def test_eval_options_given_on_the_command_line_win_over_the_preset(monkeypatch):
+    from livox_infer.evaluation import evaluate as evaluate_cli
+
+    seen = {}
+    monkeypatch.setattr("livox_infer.pipeline.DetectionPipeline", lambda **kw: seen.update(kw) or kw)
+    p = argparse.ArgumentParser()
+    evaluate_cli.add_arguments(p)
+    evaluate_cli._pipeline(p.parse_args(["--sim-frames", "1", "--sensor", "avia", "--no-refine"]))
+    assert seen["refine"] is False and seen["sensor_height"] == pipeline_options(load_preset("avia"))["sensor_height"]
+    assert seen["score_thresholds"] == 0.1  # the AP ranking threshold stays the command line's
+    evaluate_cli._pipeline(p.parse_args(["--sim-frames", "1", "--sensor", "avia"]))
+    assert seen["refine"] is True
+
+
 @pytest.mark.parametrize("sensor", SENSOR_PRESETS)
 def test_every_preset_grid_is_valid_for_its_model_and_covers_its_roi(sensor):
     from livox_infer.detector.config import ModelConfig

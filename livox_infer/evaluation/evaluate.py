@@ -31,9 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", help="ground truth as a JSONL file instead of the bag's GT topic")
     p.add_argument("--gt-topic", default="/livox_infer/ground_truth")
     p.add_argument("--cloud-topic", default=None, help="cloud topic (counts GT points; detection input)")
-    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"))
-    p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image")
-    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
+    # None = not given: the --sensor preset's value (or the default) applies
+    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"), sensor_height=None,
+                    helps={"sensor_height": "metres from the sensor down to the ground, or 'auto': estimated per "
+                           "cloud (default: the --sensor preset's, else auto)"})
+    p.add_argument("--test-time-flip", action="store_true", default=None, help="average the frame and its mirror image")
+    p.add_argument("--no-refine", action="store_true", default=None,
+                   help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--baseline", action="store_true", help="also evaluate the non-learned baseline")
     p.add_argument("--min-points", type=int, default=DEFAULT_MIN_POINTS, help="ignore GT with fewer lidar points")
     p.add_argument("--region", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
@@ -108,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = ModelConfig.load(args.model)
         region = eval_region(args, cfg)
         results: dict[str, Any] = {"min_points": args.min_points, "region": list(region),
-                                   "score_threshold": args.score_threshold, "test_time_flip": args.test_time_flip,
+                                   "score_threshold": args.score_threshold, "test_time_flip": bool(args.test_time_flip),
                                    "refine": not args.no_refine}
         runs: list[tuple[str, list[FrameBoxes]]] = []
         if args.detections:
@@ -131,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
                 from livox_infer.bags import read_clouds
 
                 clouds = {c.stamp_ns: c for _, c in read_clouds(args.input, args.cloud_topic)}
-            base = BaselineDetector(sensor_height=parse_sensor_height(args.sensor_height))
+            base = BaselineDetector(sensor_height=_sensor_height(args))
             dets = []
             for stamp, cloud in clouds.items():
                 b = base.detect(cloud.points)
@@ -156,27 +160,36 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace):
-    """The detection pipeline the eval options describe."""
+    """The detection pipeline the eval options describe: the --sensor preset's options (else the defaults), then
+    every option given on the command line; the model, weights, how to run and the AP ranking threshold always
+    come from the command line."""
     from livox_infer.pipeline import DetectionPipeline
 
-    sh = parse_sensor_height(args.sensor_height)
-    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
-                sensor_height=sh, score_thresholds=_score_thresholds(args.score_threshold),
-                test_time_flip=args.test_time_flip, refine=not args.no_refine,
-                bev_extent=getattr(args, "bev_extent", None))
-    if getattr(args, "sensor", None):  # the node's preset, except the AP ranking threshold and this machine's choices
+    given = dict(sensor_height=_sensor_height(args, None), test_time_flip=args.test_time_flip,
+                 refine=None if args.no_refine is None else not args.no_refine,
+                 bev_extent=getattr(args, "bev_extent", None))
+    command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
+                        score_thresholds=_score_thresholds(args.score_threshold))
+    if getattr(args, "sensor", None):
         from livox_infer.presets import load_preset, pipeline_options
 
-        keep = ("device", "compile", "weights", "aoti_package", "score_thresholds")
-        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in keep})
-    return DetectionPipeline(**opts)
+        base = {k: v for k, v in pipeline_options(load_preset(args.sensor)).items()
+                if k not in command_line and k != "aoti_package"}
+    else:
+        base = dict(sensor_height="auto", test_time_flip=False, refine=True)
+    return DetectionPipeline(**{**base, **{k: v for k, v in given.items() if v is not None}, **command_line})
+
+
+def _sensor_height(args: argparse.Namespace, default: float | str | None = "auto"):
+    """--sensor-height parsed, or ``default`` when it was not given."""
+    return default if args.sensor_height is None else parse_sensor_height(args.sensor_height)
 
 
 def _main_sim(args: argparse.Namespace) -> int:
     pipe = _pipeline(args)
     cfg = pipe.cfg
     region = eval_region(args, cfg)
-    sh = parse_sensor_height(args.sensor_height)
+    sh = _sensor_height(args)
     sim_options = parse_sim_options(args.sim_option)
     fns = {f"model {cfg.name}": scan_detector(pipe)}
     if args.baseline:
@@ -193,9 +206,9 @@ def _main_sim(args: argparse.Namespace) -> int:
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
                                  sim_options=sim_options, ranges=parse_ranges(args.ranges))
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
-                           "seed": args.seed, "sensor_height": args.sensor_height, "sim_options": sim_options,
+                           "seed": args.seed, "sensor_height": _sensor_height(args), "sim_options": sim_options,
                            "score_threshold": args.score_threshold,
-                           "test_time_flip": args.test_time_flip, "refine": not args.no_refine}
+                           "test_time_flip": bool(args.test_time_flip), "refine": not args.no_refine}
     for name, per in res.items():
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))

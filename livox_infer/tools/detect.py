@@ -41,15 +41,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with --out-dir: directories are searched recursively and @FILE names a list of inputs")
     p.add_argument("--out", help="detections JSONL file ('-' for stdout); or --out-dir")
     p.add_argument("--topic", default=None, help="cloud topic in the bag (default: every cloud topic)")
-    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"))
+    # None = not given: the --sensor preset's value (or the pipeline's default) applies
+    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"), sensor_height=None,
+                    helps={"sensor_height": "metres from the sensor down to the ground, or 'auto': estimated per "
+                           "cloud (default: the --sensor preset's, else auto)"})
     p.add_argument("--aoti-package", default=None, help="AOTInductor package from `livox-infer export` (instead of compiling)")
-    p.add_argument("--test-time-flip", action="store_true", help="average the frame and its mirror image (~2x network time)")
-    p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
+    p.add_argument("--test-time-flip", action="store_true", default=None,
+                   help="average the frame and its mirror image (~2x network time)")
+    p.add_argument("--no-refine", action="store_true", default=None,
+                   help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--sensor-tilt", type=float, nargs=2, metavar=("PITCH_DEG", "ROLL_DEG"), default=None,
                    help="known mounting tilt (default: estimated from each cloud)")
     p.add_argument("--intensity-scale", type=float, default=None, help="full-scale intensity (255 Livox, 1 for 0-1)")
     p.add_argument("--score-threshold", type=float, default=None, help="one score threshold for every class")
-    p.add_argument("--tag-filter", default="high_confidence", choices=("off", "high_confidence", "strict"))
+    p.add_argument("--tag-filter", default=None, choices=("off", "high_confidence", "strict"),
+                   help="Livox tag noise filter (default: the --sensor preset's, else high_confidence)")
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
@@ -63,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_rig_arguments(p: argparse.ArgumentParser) -> None:
     add_cli_options(p, ("sensor",), sensor=None, helps={"sensor": "apply the preset config/<sensor>.param.yaml as the "
-                    "node does (ROI, range, tag filter, sensor height, grid); --device/--compile/--weights/"
-                    "--aoti-package still apply"})
+                    "node does (ROI, range, tag filter, sensor height, grid); options given on the command line win "
+                    "over the preset's"})
     p.add_argument("--rig", default=None, help="rig YAML (docs/rigs.md): INPUT is a directory with one sub-folder "
                    "per rig sensor; their clouds are merged into the rig's output frame and detected once")
     p.add_argument("--accumulate-frames", type=int, default=1, help="detect on the last N frames stacked")

@@ -19,21 +19,27 @@ DETECTIONS_TOPIC = "/livox_infer/detections"
 
 
 def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
-    """DetectionPipeline options of the detect flags, then the --sensor preset's, then the rig's."""
-    from livox_infer.params import parse_sensor_height
+    """DetectionPipeline options: the --sensor preset's (else the defaults), then every detect flag given on the
+    command line (None = not given), then the rig's. The model, weights and how to run (device, compile, AOTI
+    package) always come from the command line."""
+    from livox_infer.params import DEFAULTS, parse_sensor_height
 
-    sh = parse_sensor_height(args.sensor_height)  # a Namespace built in code (fleet settings) is checked too
-    opts = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
-                sensor_height=sh, sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else "auto",
-                intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
-                tag_filter=args.tag_filter, aoti_package=args.aoti_package, test_time_flip=args.test_time_flip,
-                refine=not args.no_refine)
+    given = dict(sensor_height=None if args.sensor_height is None else parse_sensor_height(args.sensor_height),
+                 sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else None,
+                 intensity_scale=args.intensity_scale, score_thresholds=args.score_threshold,
+                 tag_filter=args.tag_filter, test_time_flip=args.test_time_flip,
+                 refine=None if args.no_refine is None else not args.no_refine)
+    command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
+                        aoti_package=args.aoti_package)
     if args.sensor:
         from livox_infer.presets import load_preset, pipeline_options
 
-        runtime = ("device", "compile", "weights", "aoti_package")  # this machine's choices, not the preset's
-        opts.update({k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in runtime})
-        opts["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
+        base = {k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in command_line}
+        base["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
+    else:
+        base = dict(sensor_height="auto", sensor_tilt="auto", tag_filter=DEFAULTS["tag_filter"],
+                    test_time_flip=DEFAULTS["test_time_flip"], refine=DEFAULTS["refine"])
+    opts = {**base, **{k: v for k, v in given.items() if v is not None}, **command_line}
     if rig is not None:
         from livox_infer.rig import rig_pipeline_options
 
