@@ -38,6 +38,7 @@ from livox_infer.model.losses import detection_loss
 from livox_infer.model.network import build_model
 from livox_infer.model.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.model.postprocess import select_detections, topk_decode
+from livox_infer.model.sparsify import SparsifyAugment, sparsify
 from livox_infer.model.refine import (
     first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
 )
@@ -192,7 +193,7 @@ class IntensityAugment:
 
 
 def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
-            intensity: IntensityAugment = IntensityAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
     """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
     would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
     learns to tolerate an imperfect sensor_height or ground estimate."""
@@ -215,7 +216,7 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     up = rot @ up
     height = frame.sensor_height * scale
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
-    pts = pts[keep]
+    pts = sparsify(pts[keep], boxes, labels, rng, sparse)
     if intensity.drop and rng.random() < intensity.drop:
         pts[:, 3] = 0.0
     elif rng.random() < 0.1:
@@ -235,7 +236,7 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
 
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
             paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
-            intensity: IntensityAugment = IntensityAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
@@ -244,7 +245,7 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     else:
         if paste_db is not None:
             frame = paste_objects(frame, paste_db, rng)
-        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity)
+        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse)
     levelled = level_points(pts, mount)
     if not cfg.use_intensity:  # as the pipeline feeds such a model
         levelled[:, 3] = 0.0
@@ -264,10 +265,10 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
                  paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False,
-                 intensity: IntensityAugment = IntensityAugment()):
+                 intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
         self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
-        self.intensity = intensity
+        self.intensity, self.sparse = intensity, sparse
 
     def __iter__(self):
         torch.set_num_threads(1)
@@ -278,7 +279,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             bevs, tgts, scene = [], [], []
             for i in idx:
                 bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
-                                                           self.neighbour_weight, self.intensity)
+                                                           self.neighbour_weight, self.intensity, self.sparse)
                 bevs.append(bev)
                 tgts.append(t)
                 if self.with_scene:
@@ -505,12 +506,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
     p.add_argument("--intensity-gamma", type=float, nargs=2, default=(1.0, 1.0), metavar=("LOW", "HIGH"),
                    help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
+    p.add_argument("--range-thinning", type=float, default=0.0, metavar="SHARE",
+                   help="share of training frames thinned with range beyond 30 m, keep (30/r)^1.5 (real far objects are "
+                        "sparser than simulated ones; model/sparsify.py)")
+    p.add_argument("--part-dropout", type=float, default=0.0, metavar="P",
+                   help="per object, chance to lose a part: car glass, an occluded end, dark-paint thinning")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine")
+
+
+def sparse_augment(args: argparse.Namespace) -> SparsifyAugment:
+    for name in ("range_thinning", "part_dropout"):
+        if not (0.0 <= getattr(args, name) <= 1.0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1]")
+    return SparsifyAugment(range_prob=args.range_thinning, part_prob=args.part_dropout)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -599,7 +612,7 @@ def _train(args: argparse.Namespace) -> int:
         intensity = IntensityAugment(drop=args.intensity_drop, gain=(lo, hi), gamma=tuple(args.intensity_gamma),
                                      log_gain=True)
     stream = BatchStream(train_frames, cfg, args.batch, args.seed, start, args.steps, paste_db, args.neighbour_weight,
-                         with_scene=refining, intensity=intensity)
+                         with_scene=refining, intensity=intensity, sparse=sparse_augment(args))
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers,
                                          prefetch_factor=4 if args.workers else None)
     history = []
