@@ -16,6 +16,7 @@ from livox_infer.errors import ConfigError
 from livox_infer.sim.geometry import (
     BOX, CYLINDER, ELLIPSOID, RBOX, Ground, PrimitiveBuilder, Primitives, rot_x, rot_y, rot_z,
 )
+from livox_infer.sim.lookalikes import add_lookalikes
 
 CAR, PEDESTRIAN, CYCLIST = 0, 1, 2
 assert CLASS_NAMES[CAR] == "car" and CLASS_NAMES[PEDESTRIAN] == "pedestrian" and CLASS_NAMES[CYCLIST] == "cyclist"
@@ -552,7 +553,7 @@ def _object_radius(parts: Primitives) -> float:
 
 def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None, n_pedestrians: int | None = None,
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
-               moving: bool = True, ego_speed: float = 8.0) -> Scene:
+               moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -561,23 +562,24 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     ``clutter`` scales the amount of background; ``length`` is how far the scene reaches along x.
     ``moving``: give traffic, pedestrians and cyclists velocities (used by simulate_drive);
     ``ego_speed``: speed of the traffic ahead in the ego lane (so a drive does not run into it).
+    ``lookalikes``: density of person-sized non-pedestrians (sim/lookalikes.py; 0 = none, the original scenes).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     if mode not in SCENE_MODES:
         raise ConfigError(f"unknown scene mode {mode!r}; choose one of {SCENE_MODES}")
-    if clutter < 0 or length <= 0:
-        raise ConfigError("clutter must be >= 0 and length > 0")
+    if clutter < 0 or length <= 0 or lookalikes < 0:
+        raise ConfigError("clutter and lookalikes must be >= 0 and length > 0")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
         if v is not None and v < 0:
             raise ConfigError(f"{name} must be >= 0")
     rng = np.random.default_rng([int(seed), 1])
     if mode == "street":
-        return _street(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, ego_speed)
-    return _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving)
+        return _street(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, ego_speed, lookalikes)
+    return _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, lookalikes)
 
 
-def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed) -> Scene:
+def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed, lookalikes=0.0) -> Scene:
     lanes_each = int(_pick(rng, (1, 2), (0.6, 0.4)))
     lane_w = 3.4
     park_w = 2.3 if rng.random() < 0.85 else 0.0
@@ -659,6 +661,14 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if placer.free(x, y, 0.8) and not in_cross(x):
             _add_clutter(b, rng, x, y, ground.plane(x, y) + curb_h, float(rng.uniform(0, 2 * np.pi)))
             placer.take(x, y, 0.8)
+    if lookalikes > 0:
+        def walk_site(g):
+            side = _sign(g)
+            x, y = float(g.uniform(x_lo + 5, x_hi)), side * (road_half + g.uniform(0.3, walk_w[side > 0] - 0.2))
+            return None if in_cross(x) else (x, y, float(ground.plane(x, y)) + curb_h)
+
+        add_lookalikes(b, np.random.default_rng([int(seed), 11]), int(20 * lookalikes * scale), walk_site,
+                       placer.free, placer.take)
 
     oid = 0
 
@@ -765,7 +775,7 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
     return Scene("street", int(seed), ground, b.build(), objects, ego_y, tilt, (x_lo, x_hi))
 
 
-def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
+def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=0.0) -> Scene:
     ground = _ground(rng, "open", 0.0)
     tilt = ground.tilt()
     b = PrimitiveBuilder()
@@ -835,6 +845,14 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving) -> Scene:
             else:
                 _add_clutter(b, rng, x, y, z0, float(rng.uniform(0, 2 * np.pi)))
             placer.take(x, y, 0.6)
+    if lookalikes > 0:
+        def open_site(g):
+            r, a = g.uniform(4, reach * 0.7), g.uniform(-np.radians(60), np.radians(60))
+            x, y = float(r * np.cos(a)), float(r * np.sin(a))
+            return x, y, base_z(x, y)
+
+        add_lookalikes(b, np.random.default_rng([int(seed), 11]), int(15 * lookalikes), open_site, placer.free,
+                       placer.take)
 
     for _ in range(int(rng.integers(0, 3))):  # unlabelled trucks / buses
         x, y = sample_xy(15, reach)

@@ -15,7 +15,8 @@ from livox_infer.sim.sensors import SensorModel, get_sensor
 # Livox tag bits 0-1: spatial-position noise confidence (0 normal, 1 high-confidence noise, 2 moderate)
 TAG_NORMAL, TAG_NOISE_HIGH, TAG_NOISE_MODERATE = 0, 1, 2
 
-SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene")
+SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene",
+                 "lookalikes")
 FRAME_OPTIONS = (
     "sensor_height", "pitch_deg", "roll_deg", "yaw_deg", "period", "ego_speed", "range_noise", "dropout",
     "mixed_edges", "false_alarm_rate", "max_box_range", "yaw_rate_dps", "deskew",

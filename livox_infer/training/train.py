@@ -39,6 +39,7 @@ from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.detector.postprocess import select_detections, topk_decode
+from livox_infer.training.sparsify import SparsifyAugment, sparsify
 from livox_infer.detector.refine import (
     first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
 )
@@ -200,7 +201,7 @@ class IntensityAugment:
 
 
 def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
-            intensity: IntensityAugment = IntensityAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
     """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
     would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
     learns to tolerate an imperfect sensor_height or ground estimate."""
@@ -223,7 +224,7 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     up = rot @ up
     height = frame.sensor_height * scale
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
-    pts = pts[keep]
+    pts = sparsify(pts[keep], boxes, labels, rng, sparse)
     if intensity.drop and rng.random() < intensity.drop:
         pts[:, 3] = 0.0
     elif rng.random() < 0.1:
@@ -243,7 +244,7 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
 
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
             paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
-            intensity: IntensityAugment = IntensityAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
@@ -252,7 +253,7 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     else:
         if paste_db is not None:
             frame = paste_objects(frame, paste_db, rng)
-        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity)
+        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse)
     levelled = level_points(pts, mount)
     if not cfg.use_intensity:  # as the pipeline feeds such a model
         levelled[:, 3] = 0.0
@@ -272,10 +273,10 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
                  paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False,
-                 intensity: IntensityAugment = IntensityAugment()):
+                 intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
         self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
-        self.intensity = intensity
+        self.intensity, self.sparse = intensity, sparse
 
     def __iter__(self):
         torch.set_num_threads(1)
@@ -286,7 +287,7 @@ class BatchStream(torch.utils.data.IterableDataset):
             bevs, tgts, scene = [], [], []
             for i in idx:
                 bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
-                                                           self.neighbour_weight, self.intensity)
+                                                           self.neighbour_weight, self.intensity, self.sparse)
                 bevs.append(bev)
                 tgts.append(t)
                 if self.with_scene:
@@ -501,6 +502,7 @@ class TrainOptions:
     neighbour_weight: float = 0.0
     corner_weight: float = 0.0
     intensity: IntensityAugment = IntensityAugment()
+    sparse: SparsifyAugment = SparsifyAugment()  # --range-thinning / --part-dropout (off by default)
     keep_checkpoints: bool = False
     time_budget: float | None = None  # minutes; progress = max(step/steps, elapsed/budget): not reproducible
     write_models: bool = False  # allow out / work_dir inside the package's models/ (the shipped weights)
@@ -630,6 +632,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="log-uniform per-frame intensity gain range (default: the original uniform 0.7-1.3)")
     p.add_argument("--intensity-gamma", type=float, nargs=2, default=D.intensity.gamma, metavar=("LOW", "HIGH"),
                    help="per-frame power curve applied to intensity / 255 (with --intensity-gain)")
+    p.add_argument("--range-thinning", type=float, default=D.sparse.range_prob, metavar="SHARE",
+                   help="share of training frames thinned with range beyond 30 m, keep (30/r)^1.5 (real far objects are "
+                        "sparser than simulated ones; training/sparsify.py)")
+    p.add_argument("--part-dropout", type=float, default=D.sparse.part_prob, metavar="P",
+                   help="per object, chance to lose a part: car glass, an occluded end, dark-paint thinning")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
@@ -662,9 +669,18 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         paste_probability=args.paste_probability, neighbour_weight=args.neighbour_weight,
         corner_weight=args.corner_weight,
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
+        sparse=sparse_augment(args.range_thinning, args.part_dropout),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
     )
+
+
+def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0) -> SparsifyAugment:
+    """--range-thinning / --part-dropout (shares in [0, 1])."""
+    for name, value in (("range-thinning", range_thinning), ("part-dropout", part_dropout)):
+        if not (0.0 <= value <= 1.0):
+            raise ConfigError(f"--{name} must be in [0, 1]")
+    return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -746,7 +762,7 @@ def train(opts: TrainOptions) -> TrainResult:
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
     stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,
-                         with_scene=refining, intensity=opts.intensity)
+                         with_scene=refining, intensity=opts.intensity, sparse=opts.sparse)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=opts.workers,
                                          prefetch_factor=4 if opts.workers else None)
     history = []

@@ -1,0 +1,73 @@
+"""Train-time sparsification (training/sparsify.py): range thinning and object part dropout, and their train flags."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+from livox_infer.errors import ConfigError
+from livox_infer.training import train as train_mod
+from livox_infer.training.sparsify import SparsifyAugment, drop_object_parts, sparsify, thin_with_range
+
+CAR_BOX = np.array([20.0, 0.0, -0.9, 4.0, 1.8, 1.6, 0.0], np.float32)  # x y z(centre) l w h yaw
+
+
+def _box_points(box, n=4000, seed=0):
+    rng = np.random.default_rng(seed)
+    loc = rng.uniform(-0.5, 0.5, (n, 3)) * box[3:6]
+    c, s = np.cos(box[6]), np.sin(box[6])
+    xyz = np.c_[box[0] + loc[:, 0] * c - loc[:, 1] * s, box[1] + loc[:, 0] * s + loc[:, 1] * c, box[2] + loc[:, 2]]
+    return np.c_[xyz, np.full(n, 10.0)].astype(np.float32), loc
+
+
+def test_thin_with_range_keeps_near_points_and_thins_far_ones_at_the_set_rate():
+    rng = np.random.default_rng(1)
+    near = np.c_[rng.uniform(1, 20, (20000, 2)) / np.sqrt(2), np.zeros((20000, 2))].astype(np.float32)
+    far = np.c_[np.full(20000, 60.0), np.zeros(20000), np.zeros((20000, 2))].astype(np.float32)
+    assert len(thin_with_range(near, rng, 30.0, 1.5)) == len(near)
+    kept = len(thin_with_range(far, rng, 30.0, 1.5)) / len(far)
+    assert kept == pytest.approx((30 / 60) ** 1.5, abs=0.02)
+
+
+def test_part_dropout_removes_points_of_the_object_only():
+    obj, _ = _box_points(CAR_BOX)
+    background = np.c_[np.random.default_rng(2).uniform(30, 50, (3000, 3)), np.zeros(3000)].astype(np.float32)
+    pts = np.r_[obj, background]
+    labels = np.array([0])
+    removed = []
+    for seed in range(30):
+        out = drop_object_parts(pts, CAR_BOX[None], labels, np.random.default_rng(seed), prob=1.0)
+        assert np.all(np.isin(background[:, 0], out[:, 0]))  # nothing outside the box is lost
+        removed.append(len(pts) - len(out))
+    assert min(removed) > 0.1 * len(obj) and max(removed) < 0.9 * len(obj)
+    same = drop_object_parts(pts, CAR_BOX[None], labels, np.random.default_rng(0), prob=0.0)
+    assert np.array_equal(same, pts)
+
+
+def test_glass_band_takes_the_top_of_a_car():
+    obj, loc = _box_points(CAR_BOX)
+    for seed in range(40):  # some seed draws the glass mode; it removes only the upper part
+        out = drop_object_parts(obj, CAR_BOX[None], np.array([0]), np.random.default_rng(seed), prob=1.0)
+        z_out = out[:, 2] - CAR_BOX[2]
+        if len(out) < len(obj) and z_out.max() < 0.2 * CAR_BOX[5] and z_out.min() < -0.45 * CAR_BOX[5]:
+            return
+    pytest.fail("no seed removed a glass band")
+
+
+def test_sparsify_off_draws_nothing_and_changes_nothing():
+    pts, _ = _box_points(CAR_BOX)
+    rng = np.random.default_rng(5)
+    out = sparsify(pts, CAR_BOX[None], np.array([0]), rng, SparsifyAugment())
+    assert out is pts and rng.random() == np.random.default_rng(5).random()
+    on = sparsify(pts, CAR_BOX[None], np.array([0]), np.random.default_rng(5), SparsifyAugment(1.0, 30.0, 1.5, 1.0))
+    assert len(on) < len(pts)
+
+
+def test_train_flags_build_the_augment_and_reject_bad_shares():
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    args = p.parse_args(["--range-thinning", "0.5", "--part-dropout", "0.3"])
+    assert train_mod.options_from_args(args).sparse == SparsifyAugment(range_prob=0.5, part_prob=0.3)
+    assert not train_mod.options_from_args(p.parse_args([])).sparse.enabled
+    with pytest.raises(ConfigError, match="--part-dropout"):
+        train_mod.options_from_args(p.parse_args(["--part-dropout", "1.5"]))
