@@ -146,10 +146,11 @@ def test_param_load_is_all_or_nothing(launched, env, tmp_path):
 
 def test_detections_topic_type_hash_equals_upstream_vision_msgs(launched, env):
     upstream = ros_upstream.upstream_type_hashes("vision_msgs")
-    for _ in range(10):  # without the daemon, discovery of the node's topics takes a moment
+    for _ in range(20):  # without the daemon, discovery of the node's topics takes a moment (longer on a busy CPU)
         r = run(["ros2", "topic", "info", "--verbose", "--no-daemon", f"{NODE_PATH}/detections"], env, timeout=30)
         if r.returncode == 0:
             break
+        time.sleep(1.0)
     assert r.returncode == 0, r.stderr
     hashes = {line.split(":", 1)[1].strip() for line in r.stdout.splitlines() if line.startswith("Topic type hash")}
     assert hashes == {upstream["Detection3DArray"]}, r.stdout
@@ -160,6 +161,7 @@ def test_every_upstream_vision_msgs_message_is_built_with_the_upstream_hash():
     package then finds every symbol it expects, whichever library the loader finds first), each message with
     its type support and the upstream type hash."""
     import json
+import time
     from pathlib import Path
 
     import vision_msgs.msg
