@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+import time
 
 import pytest
 import yaml
@@ -161,7 +162,6 @@ def test_every_upstream_vision_msgs_message_is_built_with_the_upstream_hash():
     package then finds every symbol it expects, whichever library the loader finds first), each message with
     its type support and the upstream type hash."""
     import json
-import time
     from pathlib import Path
 
     import vision_msgs.msg
