@@ -55,15 +55,15 @@ def mode_inputs(frames: list, k: int) -> dict[str, Cloud]:
 
 def main_accumulated(args, pipe) -> int:
     from livox_infer.evaluation.simulated import SIM_EVAL_SEED_BASE
-    from livox_infer.evaluation.metrics import FrameBoxes, evaluate, range_bins, summary_table
-    from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options
+    from livox_infer.evaluation.metrics import FrameBoxes, evaluate_by_sensor, summary_table
+    from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options, sim_sensors
 
     k = int(args.sim_accumulate)
     if not 2 <= k <= 20:
         raise ConfigError(f"--sim-accumulate must be 2..20 frames, got {k}")
     sim_options = parse_sim_options(args.sim_option)
     region = eval_region(args, pipe.cfg)
-    sensors = [args.sensor] if args.sensor else [s.strip() for s in args.sensors.split(",") if s.strip()]
+    sensors = sim_sensors(args)
     dets: dict[str, dict[str, list]] = {m: {} for m in MODES}
     gts: dict[str, list] = {}
     for sensor in sensors:
@@ -83,12 +83,7 @@ def main_accumulated(args, pipe) -> int:
                            "sim_options": sim_options, "region": list(region), "min_points": args.min_points}
     classes = pipe.cfg.classes
     for mode in MODES:
-        per = {s: evaluate(dets[mode][s], gts[s], classes, args.min_points, region) for s in sensors}
-        pooled_d = [d for s in sensors for d in dets[mode][s]]
-        pooled_g = [g for s in sensors for g in gts[s]]
-        per["all"] = evaluate(pooled_d, pooled_g, classes, args.min_points, region)
-        for label, rb in range_bins(parse_ranges(args.ranges)):
-            per[f"all {label}"] = evaluate(pooled_d, pooled_g, classes, args.min_points, region, range_bin=rb)
+        per = evaluate_by_sensor(dets[mode], gts, classes, args.min_points, region, ranges=parse_ranges(args.ranges))
         print(summary_table(per, f"== {mode} ({k} frames): {args.sim_frames} simulated drives per sensor, AP R40, "
                                  f"GT of the last frame, < {args.min_points} points ignored =="))
         out[mode] = {s: r.to_dict() for s, r in per.items()}

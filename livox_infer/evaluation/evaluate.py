@@ -16,6 +16,7 @@ from livox_infer.params import add_cli_options, parse_sensor_height
 from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, FrameBoxes, align_frames, evaluate, range_bins, read_jsonl, summary_table
 from livox_infer.evaluation.simulated import evaluate_on_simulation, gt_from_bag, scan_detector
 from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options
+from livox_infer.evaluation.options import sim_sensors
 
 
 # --------------------------------------------------------------------------- CLI
@@ -202,7 +203,7 @@ def _main_sim(args: argparse.Namespace) -> int:
             return b.boxes, b.labels, b.scores
 
         fns["baseline"] = base_fn
-    sensors = [args.sensor] if args.sensor else [s.strip() for s in args.sensors.split(",") if s.strip()]
+    sensors = sim_sensors(args)
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
                                  sim_options=sim_options, ranges=parse_ranges(args.ranges))
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,

@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -194,6 +194,21 @@ def evaluate(
                 res.num_gt[cls] = n_gt
                 res.num_ignored[cls] = n_ign
     return res
+
+
+def evaluate_by_sensor(detections: Mapping[str, Sequence[FrameBoxes]], ground_truth: Mapping[str, Sequence[FrameBoxes]],
+                       classes: Sequence[str] = CLASS_NAMES, min_points: int = DEFAULT_MIN_POINTS, region=None,
+                       metrics: Iterable[str] = ("bev", "3d"), ranges: Sequence[float] | None = None,
+                       ) -> dict[str, EvalResult]:
+    """AP per sensor, pooled over the sensors ("all") and, with ``ranges`` (bin edges in metres), pooled per range
+    bin ("all <lo>-<hi> m"). ``detections`` / ``ground_truth``: frames per sensor, in the same order."""
+    per = {s: evaluate(detections[s], ground_truth[s], classes, min_points, region, metrics) for s in ground_truth}
+    pooled_d = [d for s in ground_truth for d in detections[s]]
+    pooled_g = [g for s in ground_truth for g in ground_truth[s]]
+    per["all"] = evaluate(pooled_d, pooled_g, classes, min_points, region, metrics)
+    for label, rb in range_bins(ranges):
+        per[f"all {label}"] = evaluate(pooled_d, pooled_g, classes, min_points, region, metrics, rb)
+    return per
 
 
 def _frame_from_json(obj: dict[str, Any], classes: Sequence[str]) -> FrameBoxes:

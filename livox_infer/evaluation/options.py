@@ -48,3 +48,8 @@ def eval_region(args: argparse.Namespace, cfg) -> tuple[float, float, float, flo
 
         extent = pipeline_options(load_preset(args.sensor))["bev_extent"] or extent
     return cfg.with_extent(extent).grid.region if extent else cfg.grid.region
+
+
+def sim_sensors(args: argparse.Namespace) -> list[str]:
+    """The sensors --sim-frames simulates: --sensor alone, else the --sensors list."""
+    return [args.sensor] if args.sensor else [s.strip() for s in args.sensors.split(",") if s.strip()]

@@ -7,7 +7,8 @@ from typing import Sequence
 
 from livox_infer import CLASS_NAMES
 from livox_infer.detector.boxes import points_in_boxes
-from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, range_bins
+from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes
+from livox_infer.evaluation.metrics import evaluate_by_sensor
 
 
 SIM_EVAL_SEED_BASE = 50_000_000  # disjoint from the training (1e6..) and validation (9e6..) seeds
@@ -39,25 +40,15 @@ def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, see
                            ranges: Sequence[float] | None = None) -> dict[str, dict[str, EvalResult]]:
     """AP per sensor (and "all" pooled) for each named detector ``fn(points) -> (boxes, labels, scores)``;
     with ``ranges`` (bin edges in metres) also the pooled AP per range bin, keyed "all <lo>-<hi> m"."""
-    per: dict[str, dict[str, EvalResult]] = {name: {} for name in detect_fns}
-    pooled: dict[str, tuple[list, list]] = {name: ([], []) for name in detect_fns}
+    dets: dict[str, dict[str, list[FrameBoxes]]] = {name: {} for name in detect_fns}
+    gts: dict[str, list[FrameBoxes]] = {}
     for sensor in sensors:
         frames = simulated_eval_frames(sensor, n, seed, sim_options)
+        gts[sensor] = [g for _, g in frames]
         for name, fn in detect_fns.items():
-            dets = []
-            for pts, _ in frames:
-                b, lab, sc = fn(pts)
-                dets.append(FrameBoxes(b, lab, sc))
-            gts = [g for _, g in frames]
-            per[name][sensor] = evaluate(dets, gts, classes, min_points, region, metrics)
-            pooled[name][0].extend(dets)
-            pooled[name][1].extend(gts)
-    for name in detect_fns:
-        per[name]["all"] = evaluate(pooled[name][0], pooled[name][1], classes, min_points, region, metrics)
-        for label, rb in range_bins(ranges):
-            per[name][f"all {label}"] = evaluate(pooled[name][0], pooled[name][1], classes, min_points, region,
-                                                 metrics, rb)
-    return per
+            dets[name][sensor] = [FrameBoxes(*fn(pts)) for pts, _ in frames]
+    return {name: evaluate_by_sensor(dets[name], gts, classes, min_points, region, metrics, ranges)
+            for name in detect_fns}
 
 
 def gt_from_bag(path: str, topic: str, cloud_topic: str | None):
