@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from livox_infer.errors import ConfigError
-from livox_infer.params import SENSOR_PRESETS, pipeline_options  # noqa: F401 - re-exported: one definition
+from livox_infer.params import SENSOR_PRESETS, pipeline_options
 
 BASE_FILE = "detector.param.yaml"
 
@@ -53,3 +53,20 @@ def load_preset(sensor: str) -> dict[str, Any]:
     for path in preset_files(sensor):
         values.update(read_param_file(path))
     return values
+
+
+def preset_pipeline_options(sensor: str) -> dict[str, Any]:
+    """DetectionPipeline keyword arguments of a sensor preset, as the node builds its pipeline."""
+    return pipeline_options(load_preset(sensor))
+
+
+def cli_pipeline_options(sensor: str | None, given: dict[str, Any], command_line: dict[str, Any],
+                         defaults: dict[str, Any]) -> dict[str, Any]:
+    """DetectionPipeline options of an offline command (detect, eval): the --sensor preset's (else ``defaults``),
+    then ``given`` (options typed on the command line; None = not given), then ``command_line`` (always the
+    command line's: the model, weights and how to run)."""
+    if sensor:
+        base = {k: v for k, v in preset_pipeline_options(sensor).items() if k not in command_line}
+    else:
+        base = dict(defaults)
+    return {**base, **{k: v for k, v in given.items() if v is not None}, **command_line}

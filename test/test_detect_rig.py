@@ -13,7 +13,8 @@ import yaml
 from conftest import REPO, SHARED_DATA
 from livox_infer.tools import detect as detect_cli, detect_io
 from livox_infer.decode.pointfiles import write_pcd
-from livox_infer.presets import SENSOR_PRESETS, load_preset, pipeline_options
+from livox_infer.params import pipeline_options
+from livox_infer.presets import SENSOR_PRESETS, load_preset
 
 torch.set_num_threads(1)
 DATASET = SHARED_DATA / "livox_dataset_v1"
@@ -186,3 +187,19 @@ def test_accumulate_frames_stacks_point_files(tmp_path, monkeypatch):
     assert [len(c) for c in seen] == [20, 40, 40]
     args = parse([str(tmp_path), "--out", str(tmp_path / "o.jsonl"), "--accumulate-frames", "0", "--no-compile"])
     assert detect_cli.main(args) == 2  # a ConfigError, reported
+
+
+def test_eval_region_follows_the_grid_the_network_runs_on():
+    """An explicit --bev-extent wins over the preset's grid for the evaluated region too (as for the pipeline)."""
+    from livox_infer.detector.config import ModelConfig
+    from livox_infer.evaluation import evaluate as evaluate_cli
+    from livox_infer.evaluation.options import eval_region
+
+    p = argparse.ArgumentParser()
+    evaluate_cli.add_arguments(p)
+    cfg = ModelConfig.load("lite")
+    given = eval_region(p.parse_args(["--sim-frames", "1", "--sensor", "avia", "--bev-extent", "0", "51.2", "-25.6",
+                                      "25.6"]), cfg)
+    assert given == (0.0, 51.2, -25.6, 25.6)
+    preset = eval_region(p.parse_args(["--sim-frames", "1", "--sensor", "avia"]), cfg)
+    assert preset == cfg.with_extent(pipeline_options(load_preset("avia"))["bev_extent"]).grid.region

@@ -21,7 +21,7 @@ from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
 
 from livox_infer.ros import messages as ros_msgs  # noqa: E402
 from livox_infer.ros.node import DetectorNode
-from livox_infer.presets import pipeline_options  # noqa: E402
+from livox_infer.params import pipeline_options  # noqa: E402
 from test_node_support import cloud_msg, Collector, FakeFactory, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros

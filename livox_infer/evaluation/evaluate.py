@@ -12,11 +12,10 @@ from typing import Any
 
 
 from livox_infer.errors import ConfigError, LivoxInferError
-from livox_infer.params import add_cli_options, parse_sensor_height
+from livox_infer.params import DEFAULTS, add_cli_options, parse_sensor_height
 from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, FrameBoxes, align_frames, evaluate, range_bins, read_jsonl, summary_table
 from livox_infer.evaluation.simulated import evaluate_on_simulation, gt_from_bag, scan_detector
-from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options
-from livox_infer.evaluation.options import sim_sensors
+from livox_infer.evaluation.options import eval_region, parse_ranges, parse_sim_options, sim_sensors
 
 
 # --------------------------------------------------------------------------- CLI
@@ -165,20 +164,17 @@ def _pipeline(args: argparse.Namespace):
     every option given on the command line; the model, weights, how to run and the AP ranking threshold always
     come from the command line."""
     from livox_infer.pipeline import DetectionPipeline
+    from livox_infer.presets import cli_pipeline_options
 
     given = dict(sensor_height=_sensor_height(args, None), test_time_flip=args.test_time_flip,
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
     command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
-                        score_thresholds=_score_thresholds(args.score_threshold))
-    if getattr(args, "sensor", None):
-        from livox_infer.presets import load_preset, pipeline_options
-
-        base = {k: v for k, v in pipeline_options(load_preset(args.sensor)).items()
-                if k not in command_line and k != "aoti_package"}
-    else:
-        base = dict(sensor_height="auto", test_time_flip=False, refine=True)
-    return DetectionPipeline(**{**base, **{k: v for k, v in given.items() if v is not None}, **command_line})
+                        aoti_package=None, score_thresholds=_score_thresholds(args.score_threshold))
+    return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
+                                                    defaults=dict(sensor_height="auto",
+                                                                  test_time_flip=DEFAULTS["test_time_flip"],
+                                                                  refine=DEFAULTS["refine"])))
 
 
 def _sensor_height(args: argparse.Namespace, default: float | str | None = "auto"):

@@ -39,14 +39,14 @@ def parse_ranges(value: str | None) -> list[float] | None:
 
 
 def eval_region(args: argparse.Namespace, cfg) -> tuple[float, float, float, float]:
-    """--region, else the grid the detector runs on (the --sensor preset's, --bev-extent, or the model's own)."""
+    """--region, else the grid the detector runs on (--bev-extent, the --sensor preset's, or the model's own)."""
     if args.region:
         return tuple(args.region)
     extent = getattr(args, "bev_extent", None)
-    if getattr(args, "sensor", None):
-        from livox_infer.presets import load_preset, pipeline_options
+    if extent is None and getattr(args, "sensor", None):  # as the pipeline: a given --bev-extent wins
+        from livox_infer.presets import preset_pipeline_options
 
-        extent = pipeline_options(load_preset(args.sensor))["bev_extent"] or extent
+        extent = preset_pipeline_options(args.sensor)["bev_extent"]
     return cfg.with_extent(extent).grid.region if extent else cfg.grid.region
 
 

@@ -23,6 +23,7 @@ def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
     command line (None = not given), then the rig's. The model, weights and how to run (device, compile, AOTI
     package) always come from the command line."""
     from livox_infer.params import DEFAULTS, parse_sensor_height
+    from livox_infer.presets import cli_pipeline_options
 
     given = dict(sensor_height=None if args.sensor_height is None else parse_sensor_height(args.sensor_height),
                  sensor_tilt=tuple(args.sensor_tilt) if args.sensor_tilt else None,
@@ -31,15 +32,9 @@ def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
                  refine=None if args.no_refine is None else not args.no_refine)
     command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
                         aoti_package=args.aoti_package)
-    if args.sensor:
-        from livox_infer.presets import load_preset, pipeline_options
-
-        base = {k: v for k, v in pipeline_options(load_preset(args.sensor)).items() if k not in command_line}
-        base["sensor_tilt"] = "auto"  # as the node: the preset fixes the height, the tilt is estimated
-    else:
-        base = dict(sensor_height="auto", sensor_tilt="auto", tag_filter=DEFAULTS["tag_filter"],
-                    test_time_flip=DEFAULTS["test_time_flip"], refine=DEFAULTS["refine"])
-    opts = {**base, **{k: v for k, v in given.items() if v is not None}, **command_line}
+    opts = cli_pipeline_options(args.sensor, given, command_line, defaults=dict(
+        sensor_height="auto", tag_filter=DEFAULTS["tag_filter"], test_time_flip=DEFAULTS["test_time_flip"],
+        refine=DEFAULTS["refine"]))  # with a preset, the tilt is estimated (the pipeline's default), as in the node
     if rig is not None:
         from livox_infer.rig import rig_pipeline_options
 
