@@ -101,24 +101,17 @@ class Recipe:
 # --------------------------------------------------------------------------- loading
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``: mappings merge, other values replace, None removes the key."""
+def deep_merge(base: dict[str, Any], over: dict[str, Any], drop_none: bool = True) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge, other values replace; a None removes the key (``drop_none``)
+    or stays (a stage over the recipe's defaults: the None removes a config key later)."""
     out = dict(base)
     for k, v in over.items():
-        if v is None:
+        if v is None and drop_none:
             out.pop(k, None)
         elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
+            out[k] = deep_merge(out[k], v, drop_none)
         else:
             out[k] = v
-    return out
-
-
-def _overlay(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """A stage on top of the recipe's defaults: mappings merge, a None stays (it removes a config key later)."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _overlay(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -148,7 +141,7 @@ def _stage(d: Any, defaults: dict[str, Any], where: str) -> StageSpec:
     if not isinstance(d, dict) or set(d) - STAGE_KEYS:
         raise ConfigError(f"{where}: unknown keys {sorted(set(d) - STAGE_KEYS) if isinstance(d, dict) else d!r}; "
                           f"known: {sorted(STAGE_KEYS)}")
-    d = _overlay(defaults, d)
+    d = deep_merge(defaults, d, drop_none=False)
     for key in ("name", "kind", "train", "val", "steps", "seed"):
         if key not in d:
             raise ConfigError(f"{where}: missing {key!r}")
