@@ -10,7 +10,7 @@ import torch
 from conftest import SHARED_DATA
 from livox_infer.errors import ConfigError
 from livox_infer.evaluation.real import (
-    evaluate_views, in_cone, labelled_fov, load_real_dir, turn,
+    bootstrap_intervals, evaluate_views, in_cone, labelled_fov, load_real_dir, scene_of, turn,
 )
 from livox_infer.evaluation.metrics import FrameBoxes
 from livox_infer.evaluation.real import evaluate_real
@@ -108,20 +108,43 @@ def test_perfect_detections_score_one_and_a_box_on_a_van_is_not_false(real_dir):
     assert r.ap["pedestrian"]["bev@0.5"] < 1.0
 
 
+def test_bootstrap_resamples_whole_scenes(real_dir):
+    root, _ = real_dir
+    views = load_real_dir(root, fov=80, max_range=80, headings=(0, 90, 180, 270))
+    assert scene_of("av2_7fab2350_315966265259836000") == scene_of("av2_7fab2350_315966265360032000") == "av2_7fab2350"
+    assert scene_of("kitti_000016") == "kitti_000016"
+    perfect = [FrameBoxes(v.gt.boxes[~v.gt_ignore], v.gt.labels[~v.gt_ignore], np.full(int((~v.gt_ignore).sum()), 0.9))
+               for v in views]
+    iv = bootstrap_intervals(views, perfect, n=20)
+    assert iv["car"]["bev@0.7"] == [1.0, 1.0]
+    # find only the kitti scene's cars: the AP depends on which scenes are drawn, so the interval opens up
+    half = [d if v.frame.startswith("kitti") else FrameBoxes(np.zeros((0, 7), np.float32), np.zeros(0, np.int64),
+                                                              np.zeros(0, np.float32)) for v, d in zip(views, perfect)]
+    lo, hi = bootstrap_intervals(views, half, n=50, seed=1)["car"]["bev@0.7"]
+    point = evaluate_views(views, half)["all"].ap["car"]["bev@0.7"]
+    assert lo < point < hi and lo < 0.2 and hi == 1.0
+    assert bootstrap_intervals(views, half, n=50, seed=1)["car"]["bev@0.7"] == [lo, hi]  # seeded
+    with pytest.raises(ConfigError):
+        bootstrap_intervals(views, half, n=0)
+
+
 def test_eval_cli_real_writes_json(real_dir, tmp_path, capsys):
     from livox_infer.tools.cli import main
 
     root, _ = real_dir
     out = tmp_path / "real.json"
     rc = main(["eval", "--real", str(root), "--no-compile", "--headings", "0,180", "--out", str(out),
-               "--bev-dir", str(tmp_path / "bev")])
+               "--bev-dir", str(tmp_path / "bev"), "--bootstrap", "5"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "real scans" in text and "car bev@0.5" in text
+    assert "real scans" in text and "car bev@0.5" in text and "90% interval, 5 scene resamples" in text
     data = json.loads(out.read_text())
     assert [v["heading"] for v in data["views"]] == [0.0, 180.0, 0.0]
     assert set(data["model lite"]) == {"av2", "kitti", "all"}
     assert len(list((tmp_path / "bev").glob("*.png"))) == 3
+    assert data["bootstrap"]["resamples"] == 5 and data["bootstrap"]["unit"] == "scene"
+    lo, hi = data["bootstrap"]["all"]["car"]["bev@0.5"]
+    assert 0.0 <= lo <= hi <= 1.0
 
 
 # measured for the committed models/lite.safetensors on real_dev (docs/detector.md, "Real labelled scans"),

@@ -166,15 +166,20 @@ def _gt_arrays(items: list, classes: Sequence[str], frame: str):
     return (np.asarray(boxes, np.float32).reshape(-1, 7), np.asarray(labs, np.int64), np.asarray(ign, bool))
 
 
-def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
-                   fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE) -> dict[str, EvalResult]:
-    """AP per source and pooled ("all") of detections aligned with ``views`` (one FrameBoxes per view)."""
+def _in_view(views: Sequence[RealView], detections: Sequence[FrameBoxes], fov: float, max_range: float) -> list[FrameBoxes]:
     if len(views) != len(detections):
         raise ConfigError(f"{len(views)} views but {len(detections)} detection frames")
     dets = []
     for d in detections:
         keep = in_cone(d.boxes, fov, max_range)
         dets.append(FrameBoxes(d.boxes[keep], d.labels[keep], d.scores[keep]))
+    return dets
+
+
+def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
+                   fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE) -> dict[str, EvalResult]:
+    """AP per source and pooled ("all") of detections aligned with ``views`` (one FrameBoxes per view)."""
+    dets = _in_view(views, detections, fov, max_range)
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(views):
         groups.setdefault(v.source, []).append(i)
@@ -184,6 +189,46 @@ def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], 
         out[name] = evaluate([dets[i] for i in idx], [views[i].gt for i in idx], classes,
                              gt_ignore=[views[i].gt_ignore for i in idx])
     return out
+
+
+def scene_of(frame: str) -> str:
+    """The scene a frame belongs to: sweeps of one log (``av2_<log>_<time>``) are one scene, other frames their own."""
+    parts = frame.split("_")
+    return "_".join(parts[:2]) if len(parts) >= 3 else frame
+
+
+def bootstrap_intervals(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
+                        n: int = 200, level: float = 0.9, seed: int = 0, fov: float = DEFAULT_FOV,
+                        max_range: float = DEFAULT_RANGE) -> dict[str, dict[str, list[float]]]:
+    """Percentile interval (``level``) of the pooled AP over ``n`` resamples of whole scenes with replacement.
+
+    All views of a scene (its headings, its other sweeps) are drawn together: they are not independent
+    samples. The interval says how much the AP depends on which scenes happened to be labelled, i.e. what
+    difference between two detectors on this set is more than noise."""
+    if n < 1 or not 0.0 < level < 1.0:
+        raise ConfigError(f"bootstrap needs n >= 1 and 0 < level < 1, got n={n}, level={level}")
+    dets = _in_view(views, detections, fov, max_range)
+    scenes: dict[str, list[int]] = {}
+    for i, v in enumerate(views):
+        scenes.setdefault(scene_of(v.frame), []).append(i)
+    keys = list(scenes)
+    rng = np.random.default_rng(seed)
+    draws: dict[str, dict[str, list[float]]] = {}
+    for _ in range(n):
+        idx = [i for k in rng.integers(0, len(keys), len(keys)) for i in scenes[keys[k]]]
+        r = evaluate([dets[i] for i in idx], [views[i].gt for i in idx], classes,
+                     gt_ignore=[views[i].gt_ignore for i in idx], metrics=("bev",))
+        for cls, aps in r.ap.items():
+            for metric, ap in aps.items():
+                draws.setdefault(cls, {}).setdefault(metric, []).append(ap)
+    q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
+
+    def interval(values: list[float]) -> list[float]:
+        v = np.asarray(values, float)
+        v = v[np.isfinite(v)]  # a draw without GT of the class has no AP
+        return [float(x) for x in np.percentile(v, q)] if len(v) else [math.nan, math.nan]
+
+    return {cls: {m: interval(v) for m, v in aps.items()} for cls, aps in draws.items()}
 
 
 def detect_views(views: Sequence[RealView], detect_fn: Callable[[np.ndarray], tuple]) -> list[FrameBoxes]:
@@ -210,6 +255,15 @@ def real_table(results: dict[str, EvalResult], title: str) -> str:
     return "\n".join(lines)
 
 
+def interval_table(intervals: dict[str, dict[str, list[float]]], n: int, level: float) -> str:
+    """The pooled bootstrap interval of each headline BEV column (3D columns: '-')."""
+    cells = []
+    for c, k in REAL_COLUMNS:
+        iv = intervals.get(c, {}).get(k)
+        cells.append(f"{'-' if iv is None else f'{iv[0]:.2f}-{iv[1]:.2f}':>14}")
+    return f"{'all':<8}{'':>6}" + "".join(cells) + f"   <- {level:.0%} interval, {n} scene resamples"
+
+
 # --------------------------------------------------------------------------- CLI (`livox-infer eval --real DIR`)
 
 
@@ -223,6 +277,8 @@ def add_arguments(p) -> None:
     g.add_argument("--headings", default=",".join(f"{h:g}" for h in DEFAULT_HEADINGS),
                    help="headings (degrees) a scan is seen from, where the labelled region allows (default 0,90,180,270)")
     g.add_argument("--bev-dir", default=None, help="also write a BEV picture per view (labels dashed, detections solid)")
+    g.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="also print the pooled AP's 90%% interval over N resamples of whole scenes (e.g. 200)")
 
 
 def parse_headings(value: str) -> list[float]:
@@ -256,6 +312,10 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
                                      headings=headings, min_points=args.min_points)
     print(real_table(res, f"== model {cfg.name} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
+    intervals = None
+    if args.bootstrap:
+        intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
+        print(interval_table(intervals, args.bootstrap, 0.9))
     if args.bev_dir:
         save_view_pictures(views, dets, cfg.classes, Path(args.bev_dir), args.fov, args.max_range)
     if args.out:
@@ -264,6 +324,8 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
                "bev_extent": getattr(args, "bev_extent", None),
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
+        if intervals is not None:
+            out["bootstrap"] = {"resamples": args.bootstrap, "level": 0.9, "unit": "scene", "all": intervals}
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
     return 0
 
