@@ -103,6 +103,75 @@ def test_box_sizes_are_kitti_like():
     assert 1.5 < cyc[0] < 2.0 and 0.45 < cyc[1] < 0.85 and 1.5 < cyc[2] < 1.95
 
 
+def test_car_labels_leave_the_annotation_slack_around_the_returns(monkeypatch):
+    """Car labels are the body's tight extent plus LABEL_MARGIN per side (as human labels are): the outermost
+    returns of near, well-seen cars stay about that far inside the length / width faces. The bodies are built
+    that much smaller, so the labels are those of the same scene without slack, whose returns touch the faces."""
+    import livox_infer.sim.scene as scene
+
+    margin = scene.LABEL_MARGIN["car"]
+    assert 0.03 <= margin <= 0.15 and scene.LABEL_MARGIN["pedestrian"] == scene.LABEL_MARGIN["cyclist"] == 0.0
+
+    def face_gaps(frame):
+        gaps = []
+        for i, box in enumerate(frame.boxes):
+            own = frame.points[frame.instance == i][:, :3]
+            parked = np.linalg.norm(frame.velocities[i]) < 0.05  # a moving car's returns smear along its path
+            if frame.labels[i] != CAR or not parked or len(own) < 100 or np.hypot(*box[:2]) > 30:
+                continue
+            c, s = np.cos(box[6]), np.sin(box[6])
+            d = own - box[:3]
+            lx, ly = d[:, 0] * c + d[:, 1] * s, -d[:, 0] * s + d[:, 1] * c
+            gaps += [box[3] / 2 - np.abs(lx).max(), box[4] / 2 - np.abs(ly).max()]
+        return np.array(gaps)
+
+    frames = [simulate_frame("horizon", seed=seed, scene="street") for seed in range(3)]
+    gaps = np.concatenate([face_gaps(f) for f in frames])
+    assert len(gaps) >= 6
+    # the nearest return to each face: the slack, less range noise and the rounded body's corners
+    assert margin - 0.04 < np.median(gaps) < margin + 0.04 and gaps.min() > -0.06
+    # the labels are the parts' tight extent plus the slack along l and w (cars only); the bodies are built that
+    # much smaller, so the label sizes keep the statistics the body sampling was made for
+    import livox_infer.sim.simulate as simulate
+
+    scn = make_scene(seed=4, mode="street")
+    prims, _, obj_rot = scn.primitives_at(0.0)
+    o0 = np.array([0.0, scn.ego_y, 0.0])
+    labelled, _, _ = simulate._ground_truth(scn, prims, obj_rot, o0, np.eye(3))
+    monkeypatch.setitem(simulate.LABEL_MARGIN, "car", 0.0)  # the same dict as scene's: labels without slack
+    tight, _, _ = simulate._ground_truth(scn, prims, obj_rot, o0, np.eye(3))
+    slack = np.where(scn.labels == CAR, 2 * margin, 0.0)[:, None]
+    np.testing.assert_allclose(labelled[:, 3:5] - tight[:, 3:5], np.repeat(slack, 2, 1), atol=1e-9)
+    np.testing.assert_allclose(labelled[:, [0, 1, 2, 5, 6]], tight[:, [0, 1, 2, 5, 6]], atol=1e-9)
+    assert (scn.labels == CAR).sum() >= 5
+
+
+@pytest.mark.parametrize("mode", ["street", "open"])
+def test_pedestrian_groups_add_companions_and_leave_the_rest_of_the_scene(mode):
+    plain = make_scene(seed=5, mode=mode)
+    assert [o.object_id for o in make_scene(seed=5, mode=mode, ped_groups=0.0).objects] == [o.object_id for o in plain.objects]
+    grouped = make_scene(seed=5, mode=mode, ped_groups=1.0)
+    n = len(plain.objects)
+    # the original objects are untouched (own random stream); companions are extra pedestrians
+    for a, b in zip(plain.objects, grouped.objects[:n]):
+        assert a.label == b.label and np.allclose(a.position, b.position) and a.yaw == b.yaw
+    added = grouped.objects[n:]
+    peds = [o for o in plain.objects if o.label == PEDESTRIAN]
+    assert len(added) >= len(peds) // 2 and all(o.label == PEDESTRIAN for o in added)
+    assert len({o.object_id for o in grouped.objects}) == len(grouped.objects)
+    everyone = np.array([o.position[:2] for o in grouped.objects])
+    for c in added:
+        d = np.hypot(*(everyone - c.position[:2]).T)
+        d = d[d > 0]
+        # walks with its leader (same velocity), beside it or just behind, never inside anyone
+        gaps = [np.hypot(*(p.position[:2] - c.position[:2])) for p in peds if np.array_equal(p.velocity, c.velocity)]
+        assert gaps and 0.55 <= min(gaps) <= 1.6 and d.min() >= 0.55, (gaps, d.min())
+    frame = simulate_frame("avia", seed=5, scene=mode, ped_groups=1.0)
+    assert (frame.labels == PEDESTRIAN).sum() > (simulate_frame("avia", seed=5, scene=mode).labels == PEDESTRIAN).sum()
+    with pytest.raises(ConfigError):
+        make_scene(seed=5, mode=mode, ped_groups=1.5)
+
+
 @pytest.mark.parametrize("name", ["avia", "horizon", "mid70"])
 def test_pattern_does_not_repeat(name):
     scene = make_scene(0, "open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0)

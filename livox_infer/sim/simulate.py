@@ -7,16 +7,17 @@ from typing import Iterator
 
 import numpy as np
 
+from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.sim.geometry import cast_rays, rot_x, rot_y, rot_z
-from livox_infer.sim.scene import Scene, make_scene
+from livox_infer.sim.scene import LABEL_MARGIN, Scene, make_scene
 from livox_infer.sim.sensors import SensorModel, get_sensor
 
 # Livox tag bits 0-1: spatial-position noise confidence (0 normal, 1 high-confidence noise, 2 moderate)
 TAG_NORMAL, TAG_NOISE_HIGH, TAG_NOISE_MODERATE = 0, 1, 2
 
 SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene",
-                 "lookalikes")
+                 "lookalikes", "ped_groups")
 FRAME_OPTIONS = (
     "sensor_height", "pitch_deg", "roll_deg", "yaw_deg", "period", "ego_speed", "range_noise", "dropout",
     "mixed_edges", "false_alarm_rate", "max_box_range", "yaw_rate_dps", "deskew",
@@ -115,7 +116,8 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
                    scene: Scene | str | None = None, **options) -> SimFrame:
     """Simulate one frame of ``sensor`` in ``scene`` (a Scene, or "street"/"open" built from ``seed``).
 
-    Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving.
+    Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving,
+    lookalikes, ped_groups (make_scene).
     Frame options: sensor_height (m, or a (low, high) range; default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
     (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, or a (low, high) range
     drawn per seed; 0), yaw_rate_dps (vehicle turn rate, deg/s, or a range; 0), deskew (False: points in the
@@ -338,6 +340,9 @@ def _ground_truth(scn: Scene, prims, obj_rot, o0, R, obj_shift=None):
     hi[objs] = np.maximum.reduceat(hi_p, starts, axis=0)
     mid = (lo + hi) / 2
     dims = hi - lo
+    # human-label slack around the tight extent (scene.LABEL_MARGIN)
+    slack = np.array([LABEL_MARGIN[CLASS_NAMES[ob.label]] for ob in scn.objects])
+    dims[:, :2] += 2 * slack[:, None]
     centre = mid[:, 0:1] * axes_s[:, :, 0] + mid[:, 1:2] * axes_s[:, :, 1] + mid[:, 2:3] * axes_s[:, :, 2]
     yaw_w = np.mod(yaw + np.pi, 2 * np.pi) - np.pi
     boxes = np.concatenate([centre, dims, yaw_w[:, None]], 1)
