@@ -47,7 +47,7 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-2:] == ["stage9", "stage9-refine"] and len(names) == 13
+    assert names[0] == "stage1" and names[-3:] == ["stage9", "stage9-refine", "stage10-refine"] and len(names) == 14
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -104,6 +104,12 @@ STAGE9_TRAIN = {
     "stage9-refine": "--stage refine --train-frames 4250 --val-frames 200 --steps 2791 --batch 8 --lr 5e-4 "
                      f"--val-every 500 --seed 311 {AUG}",
 }
+# stage 10 (2026-12-03): the refiner run as started (--steps 2500 --time-budget 18 stopped it at step 1504; the
+# recipe's schedule follows the steps it reached)
+STAGE10_TRAIN = {
+    "stage10-refine": "--stage refine --train-frames 4250 --val-frames 200 --steps 1504 --batch 8 --lr 4e-4 "
+                      f"--val-every 500 --seed 511 {AUG}",
+}
 # how a run is executed, where it writes, or when it stops by the clock: not part of what it trains
 NOT_RECIPE = {"config", "out", "work_dir", "init", "threads", "workers", "device", "resume", "keep_checkpoints",
               "time_budget", "data_only", "write_models", "shard_frames"}
@@ -150,6 +156,15 @@ def test_stage9_runs_are_the_commands_that_made_the_shipped_weights(stage, tmp_p
     assert got == want_links
 
 
+def test_stage10_is_the_command_that_made_the_shipped_weights(tmp_path):
+    r = load_recipe(RECIPE)
+    stage = r.stage("stage10-refine")
+    ours = recipe_mod.stage_options(r, stage, tmp_path, None, Runtime())
+    assert _recipe_fields(ours) == _recipe_fields(_cli_options(STAGE10_TRAIN["stage10-refine"]))
+    assert ours.model_config().use_intensity and stage.init == "stage9-refine"
+    assert [p.dataset for p in stage.train] == ["S1", "S2", "S3", "S4"] and all(p.frames is None for p in stage.train)
+
+
 def test_the_shipped_weights_record_the_recipes_last_stage():
     """models/lite.safetensors holds the refiner run's own arguments: the recipe's last stage must match them."""
     r = load_recipe(RECIPE)
@@ -160,7 +175,10 @@ def test_the_shipped_weights_record_the_recipes_last_stage():
     for key in ("seed", "lr", "batch", "val_every", "train_frames", "val_frames", "weight_decay", "paste_probability",
                 "neighbour_weight", "corner_weight", "refine_box_beta", "refine_train_passes", "precision"):
         assert shipped[key] == ours[key], key
-    assert (shipped["intensity_drop"], shipped["intensity_gain"], shipped["intensity_gamma"]) == \
+    # recorded flat by runs before the re-fold (stage 9), as TrainOptions' own "intensity" section since
+    recorded = shipped.get("intensity") or {"drop": shipped["intensity_drop"], "gain": shipped["intensity_gain"],
+                                            "gamma": shipped["intensity_gamma"]}
+    assert (recorded["drop"], recorded["gain"], recorded["gamma"]) == \
         (ours["intensity"]["drop"], ours["intensity"]["gain"], ours["intensity"]["gamma"])
     assert int(_meta(share_dir() / "models" / "lite.safetensors")["step"]) <= last.steps
 
@@ -246,9 +264,11 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     dst.write_bytes(src.read_bytes())
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
-    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage9", "stage9-refine"]
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage9", "stage9-refine"]
+    first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
+    assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(final)["train_args"])
-    assert args["init"] == str(dst) and args["stage"] == "refine"
+    assert args["init"] == str(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine"))) and args["stage"] == "refine"
 
 
 # the commits that shipped each stage's weights; every weights file records the arguments of the run that made it
