@@ -50,6 +50,7 @@ POINT_SUFFIXES = (".npy", ".bin", ".pcd")
 DEFAULT_FOV = 80.0  # degrees: Horizon / Avia-like (±40°)
 DEFAULT_RANGE = 80.0
 DEFAULT_HEADINGS = (0.0, 90.0, 180.0, 270.0)
+BOOTSTRAP_LEVEL = 0.9  # the interval `--bootstrap` prints
 
 
 @dataclass
@@ -198,7 +199,7 @@ def scene_of(frame: str) -> str:
 
 
 def bootstrap_intervals(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
-                        n: int = 200, level: float = 0.9, seed: int = 0, fov: float = DEFAULT_FOV,
+                        n: int = 200, level: float = BOOTSTRAP_LEVEL, seed: int = 0, fov: float = DEFAULT_FOV,
                         max_range: float = DEFAULT_RANGE) -> dict[str, dict[str, list[float]]]:
     """Percentile interval (``level``) of the pooled AP over ``n`` resamples of whole scenes with replacement.
 
@@ -278,7 +279,7 @@ def add_arguments(p) -> None:
                    help="headings (degrees) a scan is seen from, where the labelled region allows (default 0,90,180,270)")
     g.add_argument("--bev-dir", default=None, help="also write a BEV picture per view (labels dashed, detections solid)")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
-                   help="also print the pooled AP's 90%% interval over N resamples of whole scenes (e.g. 200)")
+                   help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
 
 def parse_headings(value: str) -> list[float]:
@@ -315,7 +316,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
     intervals = None
     if args.bootstrap:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
-        print(interval_table(intervals, args.bootstrap, 0.9))
+        print(interval_table(intervals, args.bootstrap, BOOTSTRAP_LEVEL))
     if args.bev_dir:
         save_view_pictures(views, dets, cfg.classes, Path(args.bev_dir), args.fov, args.max_range)
     if args.out:
@@ -325,7 +326,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
         if intervals is not None:
-            out["bootstrap"] = {"resamples": args.bootstrap, "level": 0.9, "unit": "scene", "all": intervals}
+            out["bootstrap"] = {"resamples": args.bootstrap, "level": BOOTSTRAP_LEVEL, "unit": "scene", "all": intervals}
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
     return 0
 

@@ -610,11 +610,8 @@ def _add_companions(scn: Scene, rng: np.random.Generator, share: float) -> None:
         fwd = np.array([np.cos(ob.yaw), np.sin(ob.yaw)])
         left = np.array([-fwd[1], fwd[0]])
         n_companions = 1 if rng.random() < 0.7 else 2
-        first_side = 0.0
-        for k in range(n_companions):
-            if k == 0:
-                first_side = float(rng.choice((-1.0, 1.0)))
-            side = first_side if k == 0 else -first_side  # a third walks on the leader's other side
+        first_side = float(rng.choice((-1.0, 1.0)))
+        for side in (first_side, -first_side)[:n_companions]:  # a third walks on the leader's other side
             if rng.random() < 0.75:  # beside
                 off = side * rng.uniform(0.6, 0.9) * left + rng.uniform(-0.3, 0.3) * fwd
             else:  # just behind
