@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         if args.real:
             from livox_infer.evaluation.real import main_real
 
-            return main_real(args, lambda: _pipeline(args))
+            return main_real(args, lambda weights=None: _pipeline(args, weights))
         if args.sim_frames and args.sim_accumulate:
             from livox_infer.evaluation.accumulated import main_accumulated
 
@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
-def _pipeline(args: argparse.Namespace):
+def _pipeline(args: argparse.Namespace, weights: str | None = None):
     """The detection pipeline the eval options describe: the --sensor preset's options (else the defaults), then
     every option given on the command line; the model, weights, how to run and the AP ranking threshold always
     come from the command line."""
@@ -169,7 +169,7 @@ def _pipeline(args: argparse.Namespace):
     given = dict(sensor_height=_sensor_height(args, None), test_time_flip=args.test_time_flip,
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
-    command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
+    command_line = dict(model=args.model, weights=weights or args.weights, device=args.device, compile=args.compile,
                         aoti_package=None, score_thresholds=_score_thresholds(args.score_threshold))
     return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
                                                     defaults=dict(sensor_height="auto",

@@ -278,6 +278,10 @@ def add_arguments(p) -> None:
     g.add_argument("--headings", default=",".join(f"{h:g}" for h in DEFAULT_HEADINGS),
                    help="headings (degrees) a scan is seen from, where the labelled region allows (default 0,90,180,270)")
     g.add_argument("--bev-dir", default=None, help="also write a BEV picture per view (labels dashed, detections solid)")
+    g.add_argument("--cross-validate", action="append", default=[], metavar="SOURCE=WEIGHTS",
+                   help="score the frames of SOURCE (kitti, av2) with WEIGHTS, which must not have been trained on "
+                        "SOURCE (checked in the weights' metadata); once per source: the pooled number is the "
+                        "cross-validated real accuracy (docs/evaluation.md)")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
@@ -303,15 +307,78 @@ def evaluate_real(root: str | Path, pipeline, *, fov: float = DEFAULT_FOV, max_r
     return evaluate_views(views, dets, classes, fov, max_range), views, dets
 
 
-def main_real(args, make_pipeline: Callable[[], Any]) -> int:
-    """`livox-infer eval --real DIR`: print the AP table per source and pooled; JSON with --out."""
+def parse_cross_validate(items: Sequence[str]) -> dict[str, str]:
+    """["kitti=A.safetensors", "av2=K.safetensors"] -> {source: weights}."""
+    out: dict[str, str] = {}
+    for item in items:
+        src, sep, path = str(item).partition("=")
+        src = src.strip()
+        if not sep or not src or not path.strip():
+            raise ConfigError(f"--cross-validate takes SOURCE=WEIGHTS, got {item!r}")
+        if src in out:
+            raise ConfigError(f"--cross-validate names source {src!r} twice")
+        if not Path(path).is_file():
+            raise ConfigError(f"--cross-validate {src}: no weights file {path}")
+        out[src] = path
+    return out
+
+
+def seen_sources(weights: str | Path | None) -> tuple[str, ...]:
+    """The real sources a weights file was trained on (its metadata), () if none or unreadable."""
+    if not weights:
+        return ()
+    from livox_infer.detector.weights import read_metadata
+    from livox_infer.training.real_frames import trained_real_sources
+
+    try:
+        return trained_real_sources(read_metadata(weights))
+    except Exception:  # noqa: BLE001 - a file the pipeline will refuse anyway
+        return ()
+
+
+def cross_validated_detections(views: Sequence[RealView], folds: dict[str, str],
+                               make_pipeline: Callable[..., Any]) -> list[FrameBoxes]:
+    """Detections of every view by the weights named for its source, after checking that those weights
+    never saw that source (ConfigError otherwise, and for a source without weights)."""
+    missing = sorted({v.source for v in views} - set(folds))
+    if missing:
+        raise ConfigError(f"--cross-validate: no weights for source(s) {', '.join(missing)}")
+    dets: list[FrameBoxes | None] = [None] * len(views)
+    for src, weights in folds.items():
+        if src in seen_sources(weights):
+            raise ConfigError(f"--cross-validate {src}={weights}: these weights were trained on {src} frames; "
+                              "a number on them is not accuracy")
+        idx = [i for i, v in enumerate(views) if v.source == src]
+        if not idx:
+            continue
+        fold_dets = detect_views([views[i] for i in idx], scan_detector(make_pipeline(weights)))
+        for i, d in zip(idx, fold_dets):
+            dets[i] = d
+    return dets  # type: ignore[return-value]
+
+
+def main_real(args, make_pipeline: Callable[..., Any]) -> int:
+    """`livox-infer eval --real DIR`: print the AP table per source and pooled; JSON with --out.
+    ``make_pipeline(weights=None)`` builds the pipeline (with other weights for --cross-validate)."""
     from livox_infer.detector.config import ModelConfig
 
     cfg = ModelConfig.load(args.model)
     headings = parse_headings(args.headings)
-    res, views, dets = evaluate_real(args.real, make_pipeline(), fov=args.fov, max_range=args.max_range,
-                                     headings=headings, min_points=args.min_points)
-    print(real_table(res, f"== model {cfg.name} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
+    folds = parse_cross_validate(getattr(args, "cross_validate", None) or [])
+    views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
+    if folds:
+        dets = cross_validated_detections(views, folds, make_pipeline)
+        how = "cross-validated (" + ", ".join(f"{s} by {Path(w).name}" for s, w in folds.items()) + ")"
+    else:
+        pipe = make_pipeline()
+        dets = detect_views(views, scan_detector(pipe))
+        how = f"model {cfg.name}"
+        seen = sorted(set(seen_sources(getattr(pipe, "weights_file", None))) & {v.source for v in views})
+        if seen:
+            print(f"NOTE: these weights were trained on the {', '.join(seen)} frames scored here: their rows are "
+                  "not accuracy (use --cross-validate)")
+    res = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)
+    print(real_table(res, f"== {how} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
     intervals = None
     if args.bootstrap:
@@ -324,6 +391,7 @@ def main_real(args, make_pipeline: Callable[[], Any]) -> int:
                "min_points": args.min_points, "score_threshold": args.score_threshold, "refine": not args.no_refine,
                "bev_extent": getattr(args, "bev_extent", None),
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
+               "cross_validate": folds or None,
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
         if intervals is not None:
             out["bootstrap"] = {"resamples": args.bootstrap, "level": BOOTSTRAP_LEVEL, "unit": "scene", "all": intervals}

@@ -10,11 +10,15 @@ from livox_infer.detector.boxes import bev_corners, paired_bev_iou
 from livox_infer.detector.head import HEAD_CHANNELS
 
 
-def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, beta: float = 4.0) -> torch.Tensor:
-    """CenterNet focal loss, normalised by the number of positives (cells where target == 1)."""
+def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, beta: float = 4.0,
+               ignore: torch.Tensor | None = None) -> torch.Tensor:
+    """CenterNet focal loss, normalised by the number of positives (cells where target == 1).
+    ``ignore`` (B, h, w): 1 where negatives do not count (the footprint of an ignored object)."""
     pred = torch.sigmoid(logits).clamp(1e-4, 1 - 1e-4)
     pos = target.eq(1).to(pred.dtype)
     neg = 1.0 - pos
+    if ignore is not None:
+        neg = neg * (1.0 - ignore[:, None].to(pred.dtype))
     pos_loss = torch.log(pred) * (1 - pred) ** alpha * pos
     neg_loss = torch.log(1 - pred) * pred**alpha * (1 - target) ** beta * neg
     num_pos = pos.sum().clamp_min(1.0)
@@ -78,7 +82,7 @@ def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tens
                    corner_weight: float = 0.0, cell_size: float = 1.0):
     """Total loss and its parts (as floats) for a batch. ``corner_weight`` > 0 adds `corner_loss`; an
     ``iou`` head map adds `iou_loss` (``cell_size``: the head cell in metres, to put offsets in metres)."""
-    hm = focal_loss(heads["heatmap"], targets["heatmap"])
+    hm = focal_loss(heads["heatmap"], targets["heatmap"], ignore=targets.get("ignore"))
     pred = gather_regression(heads, targets["index"])
     mask = targets["mask"][..., None]
     w = pred.new_tensor(REGRESSION_WEIGHTS)

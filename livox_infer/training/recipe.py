@@ -30,6 +30,7 @@ import yaml
 
 from livox_infer.detector.config import ModelConfig
 from livox_infer.errors import ConfigError
+from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.training.train import (
     SELECTIONS, SENSOR_NAMES, SHARD_FRAMES, STAGES, TrainOptions, intensity_augment, refuse_models_dir, shard_path,
     train,
@@ -39,7 +40,7 @@ log = logging.getLogger("livox_infer.recipe")
 
 # TrainOptions fields a stage (or the recipe's defaults) may set besides the keys of StageSpec
 STAGE_OPTIONS = ("batch", "lr", "weight_decay", "val_every", "paste_probability", "neighbour_weight", "corner_weight",
-                 "refine_box_beta", "refine_train_passes", "precision", "intensity")
+                 "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop")
 STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", *STAGE_OPTIONS}
 DATASET_KEYS = {"seed", "train", "val", "sensors", "sim"}
 
@@ -273,6 +274,13 @@ def stage_weights(out: Path, stage: StageSpec) -> Path:
 def stage_options(r: Recipe, stage: StageSpec, out: Path, init: Path | None, rt: Runtime) -> TrainOptions:
     o = dict(stage.options)
     aug = o.pop("intensity", None) or {}
+    real = o.pop("real", None)
+    if real is not None:  # {root: DIR relative to the recipe, sources: [kitti, av2], share: 0.5}
+        if not isinstance(real, dict) or set(real) - {"root", "sources", "share"} or "root" not in real:
+            raise ConfigError(f"stage {stage.name}: real needs root (and sources, share), got {real!r}")
+        root = Path(str(real["root"])).expanduser()
+        o["real"] = RealTrainingSpec(str(root if root.is_absolute() else r.source.parent / root),
+                                     tuple(real.get("sources") or ("kitti", "av2")), float(real.get("share", RealTrainingSpec.share)))
     return TrainOptions(
         config=stage_config(r, stage), work_dir=stage_dir(out, stage),
         out=stage_dir(out, stage) / f"{stage.name}.best.safetensors", stage=stage.kind, init=init,

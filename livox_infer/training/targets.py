@@ -57,6 +57,11 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig,
     weight ``neighbour_weight``), so a heatmap peak one cell off still decodes the right box (with
     0.8 m head cells this happens often). Cells that are some box's centre cell keep that box.
     Boxes whose centre lies outside the grid get no target.
+
+    Boxes with a negative label are *ignored* objects (a truck when there is no truck class, a bicycle
+    without rider, a real label's object outside the view): no target, and ``ignore`` (h, w) f32 marks
+    the head cells their footprint covers, where the heatmap's negative loss is switched off, so the
+    network is neither taught that such an object is background nor that it is one of ours.
     """
     hh, hw = cfg.head_shape
     cell = cfg.head_cell_size
@@ -69,6 +74,7 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig,
     lab = np.zeros(k, np.int64)
     boxes = np.asarray(boxes, np.float64).reshape(-1, 7)
     labels = np.asarray(labels, np.int64).reshape(-1)
+    ignore = ignore_mask(boxes[labels < 0], cfg)
     n = 0
     # Larger objects first so that, if two centres share a cell, the nearer/larger is kept consistently.
     for i in np.argsort(-boxes[:, 3] * boxes[:, 4], kind="stable"):
@@ -112,4 +118,29 @@ def build_targets(boxes: np.ndarray, labels: np.ndarray, cfg: ModelConfig,
                     reg[n, 0] -= dc  # offset from the neighbour cell
                     reg[n, 1] -= dr
                     n += 1
-    return {"heatmap": heatmap, "index": index, "mask": mask, "regression": reg, "label": lab}
+    return {"heatmap": heatmap, "index": index, "mask": mask, "regression": reg, "label": lab, "ignore": ignore}
+
+
+def ignore_mask(boxes: np.ndarray, cfg: ModelConfig, margin: float = 0.5) -> np.ndarray:
+    """(h, w) f32: 1 at the head cells whose centre lies inside a box's BEV footprint grown by ``margin``
+    metres per side (a heat peak may sit a cell off the object), else 0."""
+    hh, hw = cfg.head_shape
+    out = np.zeros((hh, hw), np.float32)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 7)
+    if not len(boxes):
+        return out
+    cell = cfg.head_cell_size
+    x0, y0 = cfg.grid.x_range[0], cfg.grid.y_range[0]
+    for x, y, _z, l, w, _h, yaw in boxes:
+        r = 0.5 * math.hypot(l, w) + margin
+        c0, c1 = max(0, int((x - r - x0) / cell)), min(hw, int((x + r - x0) / cell) + 1)
+        r0, r1 = max(0, int((y - r - y0) / cell)), min(hh, int((y + r - y0) / cell) + 1)
+        if c0 >= c1 or r0 >= r1:
+            continue
+        cx = x0 + (np.arange(c0, c1) + 0.5) * cell
+        cy = y0 + (np.arange(r0, r1) + 0.5) * cell
+        dx, dy = cx[None, :] - x, cy[:, None] - y
+        c, s = math.cos(yaw), math.sin(yaw)
+        inside = (np.abs(c * dx + s * dy) <= l / 2 + margin) & (np.abs(-s * dx + c * dy) <= w / 2 + margin)
+        out[r0:r1, c0:c1] = np.maximum(out[r0:r1, c0:c1], inside.astype(np.float32))
+    return out

@@ -38,6 +38,7 @@ from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points,
 from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
+from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.detector.postprocess import select_detections, topk_decode
 from livox_infer.training.sparsify import SparsifyAugment, sparsify
 from livox_infer.detector.refine import (
@@ -200,8 +201,21 @@ class IntensityAugment:
     log_gain: bool = False
 
 
+# Half-widths (degrees) of the forward cones the Livox models see: Mid-40 38.4 deg circular, Mid-70 / Avia
+# ~70 deg, Horizon 81.7 deg; `--fov-crop` crops that share of training frames to one of them.
+LIVOX_HALF_FOVS = (19.2, 35.2, 35.2, 40.9, 40.9)
+
+
+def fov_crop(points: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The points inside a random Livox-like forward cone (objects cut by its edge stay, partly seen, as a
+    Livox sees them)."""
+    half = math.radians(float(rng.choice(LIVOX_HALF_FOVS)))
+    return points[np.abs(np.arctan2(points[:, 1], points[:, 0])) <= half]
+
+
 def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
-            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment(),
+            fov_crop_share: float = 0.0):
     """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
     would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
     learns to tolerate an imperfect sensor_height or ground estimate."""
@@ -225,6 +239,8 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     height = frame.sensor_height * scale
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
     pts = sparsify(pts[keep], boxes, labels, rng, sparse)
+    if fov_crop_share and rng.random() < fov_crop_share:
+        pts = fov_crop(pts, rng)
     if intensity.drop and rng.random() < intensity.drop:
         pts[:, 3] = 0.0
     elif rng.random() < 0.1:
@@ -244,7 +260,8 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
 
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
             paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
-            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
+            intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment(),
+            fov_crop_share: float = 0.0):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
@@ -253,14 +270,15 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     else:
         if paste_db is not None:
             frame = paste_objects(frame, paste_db, rng)
-        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse)
+        pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse,
+                                            fov_crop_share=fov_crop_share)
     levelled = level_points(pts, mount)
     if not cfg.use_intensity:  # as the pipeline feeds such a model
         levelled[:, 3] = 0.0
     boxes = level_boxes(boxes, mount)
     npts = points_in_boxes(levelled, boxes)
     bev = voxelize_reference(torch.from_numpy(levelled), cfg.grid, consts)
-    visible = npts >= TRAIN_MIN_POINTS
+    visible = (npts >= TRAIN_MIN_POINTS) | (np.asarray(labels) < 0)  # ignored objects keep their footprint
     t = build_targets(boxes[visible], labels[visible], cfg, neighbour_weight)
     return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts, levelled
 
@@ -273,21 +291,28 @@ class BatchStream(torch.utils.data.IterableDataset):
 
     def __init__(self, frames: list[Frame], cfg: ModelConfig, batch: int, seed: int, start: int, total: int,
                  paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0, with_scene: bool = False,
-                 intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment()):
+                 intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment(),
+                 frame_weights: np.ndarray | None = None, fov_crop_share: float = 0.0):
         self.frames, self.cfg, self.batch, self.seed, self.start, self.total = frames, cfg, batch, seed, start, total
         self.paste_db, self.neighbour_weight, self.with_scene = paste_db, neighbour_weight, with_scene
-        self.intensity, self.sparse = intensity, sparse
+        self.intensity, self.sparse, self.fov_crop_share = intensity, sparse, fov_crop_share
+        # per-frame draw probabilities (real and simulated frames mixed at a set share); None: uniform
+        self.p = None if frame_weights is None else np.asarray(frame_weights, np.float64) / np.sum(frame_weights)
 
     def __iter__(self):
         torch.set_num_threads(1)
         consts = ReferenceConstants(self.cfg.grid)
         for step in range(self.start, self.total):
             rng = np.random.default_rng([self.seed, step])
-            idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
+            if self.p is None:
+                idx = rng.choice(len(self.frames), size=self.batch, replace=len(self.frames) < self.batch)
+            else:
+                idx = rng.choice(len(self.frames), size=self.batch, replace=True, p=self.p)
             bevs, tgts, scene = [], [], []
             for i in idx:
                 bev, t, boxes, labels, _, points = prepare(self.frames[i], rng, self.cfg, consts, self.paste_db,
-                                                           self.neighbour_weight, self.intensity, self.sparse)
+                                                           self.neighbour_weight, self.intensity, self.sparse,
+                                                           self.fov_crop_share)
                 bevs.append(bev)
                 tgts.append(t)
                 if self.with_scene:
@@ -506,6 +531,8 @@ class TrainOptions:
     keep_checkpoints: bool = False
     time_budget: float | None = None  # minutes; progress = max(step/steps, elapsed/budget): not reproducible
     write_models: bool = False  # allow out / work_dir inside the package's models/ (the shipped weights)
+    real: RealTrainingSpec | None = None  # real labelled scans mixed into the batches (cross-validation folds)
+    fov_crop: float = 0.0  # share of training frames cropped to a random Livox-like forward cone
 
     def model_config(self) -> ModelConfig:
         return self.config if isinstance(self.config, ModelConfig) else ModelConfig.load(self.config)
@@ -535,6 +562,10 @@ class TrainOptions:
             raise ConfigError("--intensity-drop must be in [0, 1]")
         if not 0 < aug.gain[0] <= aug.gain[1]:
             raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
+        if not 0.0 <= self.fov_crop <= 1.0:
+            raise ConfigError("--fov-crop must be in [0, 1]")
+        if self.real is not None:
+            self.real.check()
 
     def to_json(self) -> str:
         """The options as recorded in the weights' metadata (train_args)."""
@@ -543,7 +574,7 @@ class TrainOptions:
             v = getattr(self, f.name)
             if isinstance(v, ModelConfig):
                 v = v.source or v.name
-            elif isinstance(v, IntensityAugment):
+            elif isinstance(v, (IntensityAugment, RealTrainingSpec)):
                 v = asdict(v)
             elif isinstance(v, Path):
                 v = str(v)
@@ -637,6 +668,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sparser than simulated ones; training/sparsify.py)")
     p.add_argument("--part-dropout", type=float, default=D.sparse.part_prob, metavar="P",
                    help="per object, chance to lose a part: car glass, an occluded end, dark-paint thinning")
+    p.add_argument("--real", default=None, metavar="DIR",
+                   help="also train on the labelled real scans in DIR (livox-infer eval --real's layout), only those of "
+                        "--real-sources: cross-validation by source, docs/training.md")
+    p.add_argument("--real-sources", default="kitti,av2", metavar="S[,S]",
+                   help="with --real: the sources (folds) trained on: kitti (fold K), av2 (fold A) or both")
+    p.add_argument("--real-share", type=float, default=RealTrainingSpec.share, metavar="SHARE",
+                   help="with --real: expected share of each batch drawn from the real views (the rest simulated)")
+    p.add_argument("--fov-crop", type=float, default=D.fov_crop, metavar="SHARE",
+                   help="share of training frames cropped to a random Livox-like forward cone (±19-41 deg)")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
@@ -672,6 +712,9 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         sparse=sparse_augment(args.range_thinning, args.part_dropout),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
+        real=None if not args.real else RealTrainingSpec(
+            args.real, tuple(x.strip() for x in str(args.real_sources).split(",") if x.strip()), args.real_share),
+        fov_crop=args.fov_crop,
     )
 
 
@@ -681,6 +724,19 @@ def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0) -> Sp
         if not (0.0 <= value <= 1.0):
             raise ConfigError(f"--{name} must be in [0, 1]")
     return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout))
+
+
+def trained_real_sources_of(weights: str | Path | None) -> tuple[str, ...]:
+    """Real sources (folds) the weights ``weights`` were trained on, through every run that led to them
+    (the ``real_sources`` metadata each run writes, the union of its init's and its own)."""
+    if not weights:
+        return ()
+    from safetensors import safe_open
+
+    from livox_infer.training.real_frames import trained_real_sources
+
+    with safe_open(str(weights), framework="pt") as f:
+        return trained_real_sources(f.metadata() or {})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -722,6 +778,19 @@ def train(opts: TrainOptions) -> TrainResult:
              time.time() - t_start)
     if opts.data_only:
         return TrainResult(None, work, 0, -math.inf)
+    frame_weights = None
+    real_sources = trained_real_sources_of(opts.init)
+    if opts.real is not None:
+        from livox_infer.training.real_frames import load_real_training_frames
+
+        real = load_real_training_frames(opts.real, cfg.classes, crop=lambda p: _crop(p, cfg))
+        real_sources = tuple(sorted(set(real_sources) | set(opts.real.sources)))
+        n_sim = len(train_frames)
+        share = opts.real.share if n_sim else 1.0
+        frame_weights = np.r_[np.full(n_sim, (1.0 - share) / max(n_sim, 1)), np.full(len(real), share / len(real))]
+        train_frames = train_frames + real
+        log.info("real scans: %d views of %s from %s, %.0f %% of each batch", len(real), "+".join(opts.real.sources),
+                 opts.real.root, 100 * share)
 
     amp_dtype = resolve_precision(opts.precision, device)
     # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
@@ -762,7 +831,8 @@ def train(opts: TrainOptions) -> TrainResult:
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
     stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,
-                         with_scene=refining, intensity=opts.intensity, sparse=opts.sparse)
+                         with_scene=refining, intensity=opts.intensity, sparse=opts.sparse,
+                         frame_weights=frame_weights, fov_crop_share=opts.fov_crop)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=opts.workers,
                                          prefetch_factor=4 if opts.workers else None)
     history = []
@@ -816,7 +886,7 @@ def train(opts: TrainOptions) -> TrainResult:
             )
             history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
             meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
-                    "train_args": args_json}
+                    "train_args": args_json, "real_sources": ",".join(real_sources)}
             if score > best or opts.select == "last":
                 best = max(best, score)
                 save_weights(net, cfg, out, extra=meta)
