@@ -204,16 +204,16 @@ class DetectorNode(Node):
 
         qos = QoSProfile(depth=1, reliability=qos_profile_sensor_data.reliability,
                          durability=qos_profile_sensor_data.durability, history=qos_profile_sensor_data.history)
+        # the message class every input topic is subscribed with (the diagnostics timer checks the graph with it)
+        self._input_class = custom_msg_class() if self._values["input_type"] == "custom_msg" else PointCloud2
         if self._assembler is not None:
             self._subscribe_assembled(qos)
         elif self._values["input_type"] == "custom_msg":
             # raw=True: the CDR bytes are parsed in bulk (bag.decode_custom_msg_cdr) instead of
             # building one Python object per point.
-            self._input_class = custom_msg_class()
             self._sub = self.create_subscription(self._input_class, self._values["input_topic"],
                                                  self._on_custom_msg, qos, raw=True)
         else:
-            self._input_class = PointCloud2
             # raw=True: the CDR is deserialized here (rosbags, numpy view of the data), so an undecodable message
             # is counted and warned about (throttled) instead of one unthrottled middleware line per message
             self._sub = self.create_subscription(PointCloud2, self._values["input_topic"], self._on_cloud_cdr, qos,
@@ -228,11 +228,17 @@ class DetectorNode(Node):
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
-        topics = [x.topic for x in self._assembler.rig.sensors] if self._assembler else [self._values["input_topic"]]
+        topics = self._input_topics()
         self.get_logger().info(
             f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
             f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
         )
+
+    def _input_topics(self) -> list[str]:
+        """Every topic the node takes clouds from: a rig's or input_topics' sensors, else input_topic."""
+        if getattr(self, "_assembler", None) is not None:
+            return [s.topic for s in self._assembler.rig.sensors]
+        return [self._values["input_topic"]]
 
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> tuple[Param, ...]:
@@ -525,7 +531,7 @@ class DetectorNode(Node):
         elif snap["received"] == 0 and getattr(self, "_graph_problem", None):
             level, message = "warn", self._graph_problem
         elif snap["received"] == 0:
-            level, message = "warn", f"no clouds received on {self._values['input_topic']}"
+            level, message = "warn", f"no clouds received on {', '.join(self._input_topics())}"
         else:
             level, message = "ok", "detecting"
         return ros_msgs.diagnostic_status(f"{self.get_name()}: livox_infer detector", self._values["sensor"],
@@ -533,7 +539,8 @@ class DetectorNode(Node):
 
     def _check_graph(self) -> None:
         """Say why a running node may look dead: input published with another type, or no output subscriber."""
-        self._graph_problem = node_graph.input_type_mismatch(self, self._values["input_topic"], self._input_class)
+        problems = [node_graph.input_type_mismatch(self, topic, self._input_class) for topic in self._input_topics()]
+        self._graph_problem = "; ".join(p for p in problems if p) or None
         if self._graph_problem:
             self.get_logger().warning(self._graph_problem, throttle_duration_sec=6 * WARN_THROTTLE_S)
         skipped = self.stats.skipped_no_subscribers
@@ -579,8 +586,7 @@ class DetectorNode(Node):
         for sensor in self._assembler.rig.sensors:
             cb = (lambda raw, n=sensor.name: self._on_sensor_cloud(n, raw, True)) if custom else \
                 (lambda msg, n=sensor.name: self._on_sensor_cloud(n, msg, False))
-            self._subs.append(self.create_subscription(custom_msg_class() if custom else PointCloud2, sensor.topic,
-                                                       cb, qos, raw=custom))
+            self._subs.append(self.create_subscription(self._input_class, sensor.topic, cb, qos, raw=custom))
         if self._values["odometry_topic"]:
             try:
                 from nav_msgs.msg import Odometry
