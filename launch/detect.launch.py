@@ -22,7 +22,8 @@ from launch.logging import get_logger
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from livox_infer.params import BY_NAME, SENSOR_PRESETS, parse_bool
+from livox_infer.errors import ConfigError
+from livox_infer.params import BY_NAME, SENSOR_PRESETS, check_values, parse_bool, read_params_file
 
 # node parameters a launch argument may override; empty = keep the parameter files' value
 OVERRIDES = ("input_topic", "device", "rig", "use_compile", "model")
@@ -74,6 +75,10 @@ def _node(context, *args, **kwargs):
     params_file = LaunchConfiguration("params_file").perform(context) or os.path.join(config, f"{sensor}.param.yaml")
     if not os.path.isfile(params_file):
         raise RuntimeError(f"params_file not found: {params_file}")
+    try:  # unknown names and wrong types stop the launch with one line (rclpy would ignore or mix them)
+        check_values(read_params_file(params_file), params_file)
+    except ConfigError as exc:
+        raise RuntimeError(str(exc)) from None
     # The files name their own sensor; the sensor argument only picks the default override file.
     overrides = {}
     for name in OVERRIDES:

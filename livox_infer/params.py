@@ -308,3 +308,163 @@ def add_cli_options(parser: argparse.ArgumentParser, names: Iterable[str] = CLI_
             continue
         flag, kwargs = _cli_option(name, defaults)
         parser.add_argument(flag, **{**kwargs, "help": helps.get(name, kwargs["help"])})
+
+
+# ---------------------------------------------------------------------------------------------- parameter files
+# rclpy's own parameters, which a parameter file may set for any node
+ROS_OWN_PARAMS = frozenset({"use_sim_time", "start_type_description_service"})
+ROS_OWN_PREFIXES = ("qos_overrides.",)
+
+
+def is_ros_own(name: str) -> bool:
+    return name in ROS_OWN_PARAMS or name.startswith(ROS_OWN_PREFIXES)
+
+
+def check_value(param: Param, value: Any) -> str | None:
+    """Why ``value`` as a parameter file or ``-p NAME:=VALUE`` gives it cannot be ``param``'s value, or None.
+
+    Integers are taken for doubles (``max_range: 100``, ``bev_extent: [0, 80, -40, 40]``), as the node does."""
+    if value is None:
+        return f"{param.name} has no value (write one, or leave the line out for the default)"
+    if param.type.endswith("[]"):
+        if not isinstance(value, (list, tuple)):
+            return f"{param.name} must be a list, got {value!r}"
+        inner = Param(param.name, param.type[:-2], "", "")
+        for item in value:
+            reason = inner.check(item)
+            if reason:
+                return f"{param.name} must be a list of {param.type[:-2]}s, got {list(value)!r}"
+        return None
+    return param.check(value)
+
+
+def unknown_message(name: str, known: Iterable[str]) -> str:
+    import difflib
+
+    hint = difflib.get_close_matches(name, list(known), n=1)
+    return f"unknown parameter {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+
+
+def check_values(values: Mapping[str, Any], source: str, model: Any = None) -> None:
+    """ConfigError (one line naming ``source`` and the key) for the first unknown name or wrong-typed value in
+    ``values`` against the parameters of a node running ``model``; rclpy's own parameters pass."""
+    declared = {p.name: p for p in parameters(model)}
+    for name, value in values.items():
+        if is_ros_own(str(name)):
+            continue
+        param = declared.get(name)
+        if param is None:
+            raise ConfigError(f"{source}: {unknown_message(str(name), declared)}")
+        reason = check_value(param, value)
+        if reason:
+            raise ConfigError(f"{source}: {reason}")
+
+
+def _yaml_error_line(exc: Exception) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}: {problem}" if mark is not None else problem
+
+
+def _applies(key: str, node_fqn: str) -> bool:
+    """Does a parameter file's top-level key (``/**``, ``livox_detector``, ``/ns/*``) name the node ``node_fqn``?"""
+    import fnmatch
+
+    pattern = "/" + key.strip("/")
+    if pattern == "/**":
+        return True
+    if fnmatch.fnmatchcase(node_fqn, pattern.replace("**", "*")):
+        return True
+    return "/" not in key.strip("/") and node_fqn.rsplit("/", 1)[-1] == key.strip("/")
+
+
+def read_params_file(path: Any, node_fqn: str = "/livox_detector") -> dict[str, Any]:
+    """The parameters a ROS 2 parameter file gives the node ``node_fqn`` (every section that names it, in file
+    order), or ConfigError with one line: unreadable, not YAML, not a parameter file."""
+    import yaml
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"parameter file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read parameter file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"parameter file {path} is not valid YAML ({_yaml_error_line(exc)})") from None
+    form = "a ROS 2 parameter file is '<node name or /**>: {ros__parameters: {name: value, ...}}'"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: {form}")
+    values: dict[str, Any] = {}
+    for key, section in data.items():
+        if not isinstance(section, dict) or set(section) != {"ros__parameters"} \
+                or not isinstance(section["ros__parameters"], (dict, type(None))):
+            raise ConfigError(f"{path}: section {key!r}: {form}")
+        if _applies(str(key), node_fqn):
+            values.update(_flatten(section["ros__parameters"] or {}))
+    return values
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """ROS 2 parameter files nest dotted names (qos_overrides: {/x: ...} = qos_overrides./x...)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def check_ros_arguments(argv: list[str]) -> None:
+    """Check what ``--ros-args`` gives the node before it starts: every ``--params-file`` and ``-p NAME:=VALUE``
+    against the parameter model (ConfigError, one line naming the file or flag and the key). Values for other
+    nodes (``-p other_node:name:=v``, sections naming other nodes) are left to them."""
+    import yaml
+
+    files, overrides, node_name, namespace = [], {}, "livox_detector", "/"
+    in_ros = False
+    it = iter(range(len(argv)))
+    for i in it:
+        arg = argv[i]
+        if arg == "--ros-args":
+            in_ros = True
+            continue
+        if arg == "--":
+            in_ros = False
+            continue
+        if not in_ros or i + 1 >= len(argv):
+            continue
+        nxt = argv[i + 1]
+        if arg == "--params-file":
+            files.append(nxt)
+        elif arg in ("-p", "--param") and ":=" in nxt:
+            name, text = nxt.split(":=", 1)
+            if ":" not in name:
+                try:
+                    overrides[name] = yaml.safe_load(text) if text.strip() else text
+                except yaml.YAMLError:
+                    overrides[name] = text
+        elif arg in ("-r", "--remap") and nxt.startswith(("__node:=", "__name:=")):
+            node_name = nxt.split(":=", 1)[1]
+        elif arg in ("-r", "--remap") and nxt.startswith("__ns:="):
+            namespace = "/" + nxt.split(":=", 1)[1].strip("/")
+        else:
+            continue
+        next(it, None)
+    fqn = (namespace.rstrip("/") + "/" + node_name) if namespace != "/" else "/" + node_name
+    given = [(path, read_params_file(path, fqn)) for path in files]
+    model = overrides.get("model")
+    for _, values in given:
+        model = values.get("model", model) if "model" not in overrides else model
+    model = model if isinstance(model, str) and model.strip() else None
+    if model is not None and "model" in overrides:
+        reason = BY_NAME["model"].check(model)
+        if reason:
+            raise ConfigError(f"-p model: {reason}")
+    for path, values in given:
+        check_values(values, str(path), model)
+    check_values({k: v for k, v in overrides.items()}, "--ros-args -p", model)

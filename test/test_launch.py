@@ -141,3 +141,16 @@ def test_launch_starts_the_node_with_the_preset():
 def test_rig_argument_is_passed_to_the_node():
     node = node_for(sensor="horizon", rig="rigs/livox_dataset_v1.yaml")
     assert node["parameters"][2] == {"rig": "rigs/livox_dataset_v1.yaml"}
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("    max_range: far\n", "max_range must be a number, got 'far'"),
+    ("    max_rnge: 50.0\n", "unknown parameter 'max_rnge' (did you mean 'max_range'?)"),
+    ("    max_range: [1\n", "not valid YAML"),
+])
+def test_a_bad_params_file_stops_the_launch_with_one_line(tmp_path, body, needle):
+    path = tmp_path / "my.yaml"
+    path.write_text("/**:\n  ros__parameters:\n" + body)
+    with pytest.raises(RuntimeError) as err:
+        node_for(params_file=str(path))
+    assert needle in str(err.value) and "\n" not in str(err.value)

@@ -174,6 +174,7 @@ class DetectorNode(Node):
         super().__init__(node_name, **node_kwargs)
         self._factory = pipeline_factory or default_pipeline_factory
         self._params = self._declare_parameters()
+        self._refuse_undeclared_overrides()
         self._values = {p.name: self._param_value(p) for p in self._params}
         reason = validate_params(self._values, self._params)
         if reason:
@@ -264,6 +265,14 @@ class DetectorNode(Node):
                 continue
             self.declare_parameter(spec.name, spec.default, _descriptor(spec))
         return declared
+
+    def _refuse_undeclared_overrides(self) -> None:
+        """A parameter file or ``-p`` naming a parameter this node does not have (a misspelling) stops start-up,
+        as ``ros2 param set`` refuses it at run time: rclpy would ignore it and run on the default."""
+        declared = {p.name for p in self._params}
+        for name in getattr(self, "_parameter_overrides", {}):
+            if name not in declared and not param_model.is_ros_own(name):
+                raise ConfigError(f"invalid parameters: {param_model.unknown_message(name, declared)}")
 
     def _param_value(self, spec: Param) -> Any:
         if spec.default is not None:
@@ -738,6 +747,11 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
     from rclpy.exceptions import ParameterException
     from rclpy.executors import ExternalShutdownException
 
+    try:  # every --params-file and -p against the parameter model, before rclpy (which ignores unknown names)
+        param_model.check_ros_arguments(ros_argv)
+    except ConfigError as exc:
+        print(f"[livox_detector] FATAL: cannot start (ConfigError): {exc}", file=sys.stderr, flush=True)
+        return 1
     rclpy.init(args=ros_argv)
     node = None
     try:

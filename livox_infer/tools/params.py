@@ -186,4 +186,6 @@ def main(args: argparse.Namespace) -> int:
     old = stale()
     for rel in old:
         print(f"{rel} is out of date: run `livox-infer params --write`", file=sys.stderr)
+    if not old:
+        print(f"up to date with livox_infer/params.py: {', '.join(ARTEFACTS.values())}")
     return 1 if old else 0
