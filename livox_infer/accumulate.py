@@ -26,6 +26,7 @@ from livox_infer.decode.pointcloud import Cloud
 MAX_FRAMES = 50
 MAX_WINDOW_MS = 5000.0
 POSE_MAX_GAP_NS = 200_000_000  # a pose farther than this from a cloud's stamp is not used (no extrapolation)
+MAX_FRAME_GAP_NS = 1_000_000_000  # a frame this much newer than the last one: the stream stalled, the stack restarts
 
 
 def check_window(frames: object, window_ms: object, source: str = "accumulation") -> tuple[int, float]:
@@ -62,6 +63,8 @@ def _rotation(rotvec: np.ndarray) -> np.ndarray:
 
 def pose_matrix(position: tuple[float, float, float], quaternion_xyzw: tuple[float, float, float, float]) -> np.ndarray:
     """4x4 pose from a position and a unit quaternion (x, y, z, w), as in geometry_msgs/Pose."""
+    if not all(math.isfinite(float(v)) for v in position):
+        raise ConfigError(f"pose position is not finite: {tuple(position)!r}")
     x, y, z, w = (float(v) for v in quaternion_xyzw)
     n = math.sqrt(x * x + y * y + z * z + w * w)
     if not math.isfinite(n) or n < 1e-9:
@@ -149,13 +152,17 @@ class Accumulator:
     ``add(cloud, pose=None)`` returns the accumulated cloud in the newest cloud's frame and stamp: older frames are
     moved by inv(pose_now) @ pose_then where both poses are known, stacked as they are otherwise. Point times are
     re-based on the newest stamp (older points get negative times). With poses, each cloud is deskewed first.
-    A cloud with the newest stamp again replaces that frame; an older stamp (a bag loop) starts over."""
+    A cloud with the newest stamp again replaces that frame; an older stamp (a bag loop) starts over, and so does
+    one more than ``max_gap_ns`` (1 s) newer than the last frame (a stalled stream: its old frames are stale even
+    when ``window_ms`` is 0, no time limit)."""
 
-    def __init__(self, frames: int = 1, window_ms: float = 0.0) -> None:
+    def __init__(self, frames: int = 1, window_ms: float = 0.0, max_gap_ns: int = MAX_FRAME_GAP_NS) -> None:
         self.frames, self.window_ms = check_window(frames, window_ms)
+        self.max_gap_ns = int(max_gap_ns)
         self._history: collections.deque[_Frame] = collections.deque(maxlen=self.frames)
         self.compensated = 0  # older frames moved by their poses
         self.plain = 0  # older frames stacked without poses
+        self.gap_resets = 0  # stacks restarted because the stream stalled for more than max_gap_ns
 
     def reset(self) -> None:
         self._history.clear()
@@ -166,6 +173,9 @@ class Accumulator:
             self._history.clear()  # time went back (bag loop, sim restart): the old frames belong elsewhere
         elif self._history and stamp == self._history[-1].stamp_ns:
             self._history.pop()  # the same frame again (re-sent): it replaces itself
+        elif self._history and stamp - self._history[-1].stamp_ns > self.max_gap_ns:
+            self._history.clear()  # the stream stalled: what came before the gap is not this scene any more
+            self.gap_resets += 1
         prev = self._history[-1] if self._history else None
         deskewed = False
         if pose is not None and prev is not None and prev.pose is not None and stamp > prev.stamp_ns:

@@ -91,7 +91,8 @@ PARAMS: tuple[Param, ...] = (
           "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True, applies=NODE),
     Param("accumulate_frames", "int", 1, "Detect on the last N frames stacked (1 = each frame alone; the lite "
           "weights were trained on single frames).", range=(1, MAX_FRAMES), read_only=True, applies=NODE),
-    Param("accumulate_ms", "double", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit).",
+    Param("accumulate_ms", "double", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit; a gap of over 1 s "
+          "between frames always restarts the stack).",
           range=(0.0, MAX_WINDOW_MS), read_only=True, applies=NODE),
     Param("device", "string", "auto", "Compute device: auto (cuda if available, else cpu), cpu or cuda.",
           choices=DEVICES, applies=REBUILD),

@@ -151,3 +151,22 @@ def test_bev_extent_given_as_integers_is_taken_as_metres_and_changes_rebuild(ros
     assert result.successful and factory.built[-1].options["bev_extent"] == (0.0, 153.6, -19.2, 19.2)
     bad = node.set_parameters([Parameter("bev_extent", value=[10.0, 0.0, -19.2, 19.2])])[0]
     assert not bad.successful and "x_min < x_max" in bad.reason
+
+
+def test_odometry_with_a_non_finite_position_is_counted_and_not_used(ros):
+    Odometry = pytest.importorskip("nav_msgs.msg").Odometry
+    topic, odom_topic = "/" + unique("cloud"), "/" + unique("odom")
+    node, client, (pub,), dets, _ = start(ros, {"input_topic": topic, "odometry_topic": odom_topic,
+                                                "accumulate_frames": 2}, [topic])
+    odom_pub = client.create_publisher(Odometry, odom_topic, 10)
+    assert wait_for(lambda: odom_pub.get_subscription_count() == 1)
+    odom = Odometry()
+    odom.header.stamp.sec = 7
+    odom.pose.pose.position.x = float("nan")
+    odom.pose.pose.orientation.w = 1.0
+    assert publish_while(odom_pub, odom, lambda: node.stats.odometry_rejected >= 1)
+    assert len(node._poses._stamps) == 0 and node.stats.rejected == 0  # no pose kept; no cloud counted bad
+    status = node.diagnostics_status()
+    diag = {kv.key: kv.value for kv in status.values}
+    assert int(diag["odometry_rejected"]) >= 1 and "odometry" in status.message
+    assert publish_while(pub, cloud_msg(stamp_ns=7_000_000_000), lambda: len(dets.msgs) >= 1)  # still detecting

@@ -195,6 +195,26 @@ def test_frame_count_and_time_window_limit_the_history():
     assert len(out) == 10
 
 
+def test_a_stalled_stream_restarts_the_stack_instead_of_stacking_stale_frames():
+    # issue 30: with no time limit (accumulate_ms 0, the default) frames from before a 1000 s gap were stacked
+    acc = Accumulator(frames=3)
+    acc.add(wall_scan(0.0, 0, n=10, seed=0))
+    acc.add(wall_scan(0.0, 100, n=10, seed=1))
+    out = acc.add(wall_scan(0.0, 1_000_100, n=10, seed=2))
+    assert len(out) == 10 and acc.gap_resets == 1
+    assert len(acc.add(wall_scan(0.0, 1_000_200, n=10, seed=3))) == 20  # stacking goes on after the gap
+    acc = Accumulator(frames=3)
+    acc.add(wall_scan(0.0, 0, n=10, seed=0))
+    assert len(acc.add(wall_scan(0.0, 1000, n=10, seed=1))) == 20 and acc.gap_resets == 0  # 1 s: still stacked
+
+
+@pytest.mark.parametrize("position", [(float("nan"), 0.0, 0.0), (0.0, float("inf"), 0.0), (0.0, 0.0, -float("inf"))])
+def test_a_non_finite_odometry_position_is_refused(position):
+    # issue 30: only the quaternion was checked; a NaN position left 0 usable points in the stacked cloud
+    with pytest.raises(ConfigError, match="position is not finite"):
+        pose_matrix(position, (0.0, 0.0, 0.0, 1.0))
+
+
 @pytest.mark.parametrize("frames, ms", [(0, 0.0), (1.5, 0.0), (1, -1.0), (1, float("nan")), (True, 0.0)])
 def test_bad_accumulation_settings_are_config_errors(frames, ms):
     with pytest.raises(ConfigError, match="accumulate_"):

@@ -92,6 +92,7 @@ class NodeStats:
     failed: int = 0  # unexpected pipeline errors
     over_budget: int = 0  # clouds thinned to max_points (processed, but not all points used)
     skipped_no_subscribers: int = 0
+    odometry_rejected: int = 0  # nav_msgs/Odometry with a non-finite position or no quaternion (not used)
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
     latency_window: int = 300
@@ -106,7 +107,8 @@ class NodeStats:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
-                                               "over_budget", "skipped_no_subscribers", "last_error")}
+                                               "over_budget", "skipped_no_subscribers", "odometry_rejected",
+                                               "last_error")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -535,6 +537,8 @@ class DetectorNode(Node):
             level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
         elif snap["rejected"]:
             level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
+        elif snap["odometry_rejected"]:
+            level, message = "warn", f"{snap['odometry_rejected']} odometry messages rejected (last: {snap['last_error']})"
         elif compile_error:
             level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
         elif snap["received"] == 0 and getattr(self, "_graph_problem", None):
@@ -625,15 +629,21 @@ class DetectorNode(Node):
         try:
             self._poses.add(msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec,
                             pose_matrix((p.x, p.y, p.z), (q.x, q.y, q.z, q.w)))
-        except LivoxInferError as exc:
-            self._reject(f"odometry: {exc}")
+        except (LivoxInferError, TypeError, ValueError) as exc:
+            with self.stats.lock:
+                self.stats.odometry_rejected += 1
+                self.stats.last_error = f"odometry: {exc}"
+            self.get_logger().warning(f"rejected odometry (not used): {exc}", throttle_duration_sec=WARN_THROTTLE_S)
 
     def _assembler_diagnostics(self) -> dict[str, Any]:
         m = self._assembler.merger.stats
         out: dict[str, Any] = {"merged_frames": m.frames, "merged_partial": m.partial, "merge_late": m.late,
                                "merge_restarts": m.restarts,
                                "accumulated_compensated": self._assembler.accumulator.compensated,
-                               "accumulated_plain": self._assembler.accumulator.plain}
+                               "accumulated_plain": self._assembler.accumulator.plain,
+                               "accumulated_gap_resets": self._assembler.accumulator.gap_resets}
+        if self._poses is not None:
+            out["odometry_rejected"] = self.stats.odometry_rejected
         out.update({f"missing_{name}": n for name, n in m.missing.items()})
         return out
 
