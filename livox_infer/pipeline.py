@@ -31,6 +31,7 @@ from livox_infer.errors import ConfigError, PointCloudError, WeightsError
 from livox_infer.detector.boxes import axis_angle
 from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
+from livox_infer.detector.calibration import calibrate_scores, calibration_tables
 from livox_infer.detector.postprocess import build_inference_model, select_detections
 from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
@@ -210,6 +211,8 @@ class DetectionPipeline:
         if dev not in DEVICES and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
         self.device = resolve_device(dev)  # BackendError for cuda without a GPU
+        self._calibration = (calibration_tables(self.cfg.score_calibration, self.device)
+                             if self.cfg.score_calibration else None)
         self.network_backend = "eager"
         self._input = torch.zeros((1, *self.cfg.grid.shape), device=self.device).contiguous(
             memory_format=torch.channels_last
@@ -442,6 +445,8 @@ class DetectionPipeline:
         if self._stage2 is not None and p["refine"]:
             scores, labels, boxes = self._stage2.refine(levelled, scores, labels, boxes, self.grid.intensity_scale)
             self._sync()
+        if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
+            scores = calibrate_scores(scores.float(), labels, self._calibration)
         t_refine = time.perf_counter()
         scores, labels, boxes = select_detections(
             scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from livox_infer.detector.calibration import parse_calibration
+
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.detector.refine import RefineConfig, parse_refine
@@ -53,6 +55,11 @@ def _per_class(value: Any, classes: tuple[str, ...], name: str, lo: float, hi: f
     return out
 
 
+# cells of the largest BEV grid with_extent allows: 1024 x 1024 (409.6 m square at lite's 0.4 m) costs ~2.6 s a
+# frame eager on one busy CPU core and ~0.8 GB; the +-1000 m bounds alone allowed 5000 x 5000 (26 s, 5.6 GB)
+MAX_GRID_CELLS = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -83,6 +90,8 @@ class ModelConfig:
     # found objects the well-localised boxes rank first (AP at strict IoU rewards that ordering)
     iou_score_alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
     refine: RefineConfig | None = None  # stage 2: point-based refinement of the best candidates (refine.py)
+    # per class [[raw, calibrated], ...] knots or None (detector/calibration.py); not part of the architecture
+    score_calibration: tuple | None = None
     # false: the pipeline zeroes every point's intensity before voxelizing and refining. Intensity scales and
     # curves differ between sensors and firmware; a detector trained with intensity dropped (train
     # --intensity-drop) does not depend on them. Not part of the architecture (same tensors either way).
@@ -119,6 +128,12 @@ class ModelConfig:
                 raise ConfigError(f"BEV extent values must be multiples of {q:g} m within ±1000 m, got {extent!r}")
         if not (x1 > x0 and y1 > y0):
             raise ConfigError(f"BEV extent needs x_min < x_max and y_min < y_max, got {extent!r}")
+        cell = self.grid.cell_size
+        nx, ny = round((x1 - x0) / cell), round((y1 - y0) / cell)
+        if nx * ny > MAX_GRID_CELLS:
+            raise ConfigError(f"BEV extent {list(extent)!r} is {nx} x {ny} cells of {cell:g} m; at most "
+                              f"{MAX_GRID_CELLS:,} cells (1024 x 1024, ~2.6 s a frame eager on one CPU core) are "
+                              "allowed: detect on a smaller extent")
         import dataclasses
 
         return dataclasses.replace(self, grid=dataclasses.replace(self.grid, x_range=(x0, x1), y_range=(y0, y1)))
@@ -160,7 +175,7 @@ class ModelConfig:
         d = dict(data)
         known = {
             "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
-            "description", "refine", "use_intensity",
+            "description", "refine", "use_intensity", "score_calibration",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -252,6 +267,7 @@ class ModelConfig:
             iou_score_alpha=iou_alpha,
             refine=parse_refine(d.get("refine"), classes, source, _per_class, _positive_ints),
             use_intensity=use_intensity,
+            score_calibration=parse_calibration(d.get("score_calibration"), classes, source),
             weights=str(d.get("weights", "")),
             source=source,
         )
@@ -268,8 +284,8 @@ class ModelConfig:
                               "UTF-8 YAML file")
         try:
             path = find("models", name if name.endswith((".yaml", ".yml")) else name + ".yaml")
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            data = read_config_dict(path)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
             raise refused from None
         return cls.from_dict(data, source=str(path))
 
@@ -323,5 +339,36 @@ class ModelConfig:
                            **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {})}}
                if self.refine else {}),
             **({} if self.use_intensity else {"use_intensity": False}),
+            **({"score_calibration": {c: [list(k) for k in knots] for c, knots in zip(self.classes, self.score_calibration)
+                                      if knots is not None}} if self.score_calibration else {}),
             "weights": self.weights,
         }
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any], drop_none: bool = True) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge, other values replace; a None removes the key (``drop_none``)
+    or stays (a recipe stage over the recipe's defaults: the None removes a config key later)."""
+    out = dict(base)
+    for k, v in over.items():
+        if v is None and drop_none:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v, drop_none)
+        else:
+            out[k] = v
+    return out
+
+
+def read_config_dict(path: str | Path, depth: int = 0) -> Any:
+    """A model config file's mapping, with ``base: OTHER.yaml`` (relative to the file) merged under it: a
+    variant (e.g. lite-sim: other weights, its own thresholds) states only what differs."""
+    path = Path(path)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and "base" in data:
+        if depth > 4:
+            raise RecursionError(f"{path}: base chain too deep")
+        data = dict(data)
+        base = read_config_dict(path.parent / str(data.pop("base")), depth + 1)
+        if isinstance(base, dict):
+            data = deep_merge(base, data)
+    return data

@@ -282,6 +282,12 @@ def add_arguments(p) -> None:
                    help="score the frames of SOURCE (kitti, av2) with WEIGHTS, which must not have been trained on "
                         "SOURCE (checked in the weights' metadata); once per source: the pooled number is the "
                         "cross-validated real accuracy (docs/evaluation.md)")
+    g.add_argument("--reliability", action="store_true",
+                   help="also print the reliability table (score bin -> share of detections that are right) and "
+                        "each class's precision / recall / AP at the model's operating thresholds")
+    g.add_argument("--fit-calibration", metavar="OUT.yaml", default=None,
+                   help="fit the score_calibration (Platt, per class) on these detections (use with "
+                        "--cross-validate) and write it as a model-config snippet")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
@@ -380,6 +386,7 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     res = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)
     print(real_table(res, f"== {how} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
+    extra = reliability_report(views, dets, cfg, args) if (args.reliability or args.fit_calibration) else None
     intervals = None
     if args.bootstrap:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
@@ -393,6 +400,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
                "cross_validate": folds or None,
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
+        if extra is not None:
+            out["reliability"] = extra
         if intervals is not None:
             out["bootstrap"] = {"resamples": args.bootstrap, "level": BOOTSTRAP_LEVEL, "unit": "scene", "all": intervals}
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
@@ -418,3 +427,47 @@ def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], cl
                      gt=(v.gt.boxes, gt_names, v.gt_ignore))
         paths.append(path)
     return paths
+
+
+def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cfg, args) -> dict[str, Any]:
+    """--reliability / --fit-calibration: print the reliability table, the operating points and the AP of
+    what a user sees (detections at the operating thresholds); write the fitted calibration if asked."""
+    import yaml
+
+    from livox_infer.evaluation.calibration import (
+        compose, expected_calibration_error, fit_knots, operating_points, outcomes, reliability, reliability_table,
+    )
+
+    in_view = _in_view(views, dets, args.fov, args.max_range)
+    res = outcomes(in_view, [v.gt for v in views], [v.gt_ignore for v in views], cfg.classes)
+    print(reliability_table(res, "== reliability: score bin -> detections: share right (car BEV IoU >= 0.5, "
+                                 "pedestrian / cyclist >= 0.25) =="))
+    thresholds = dict(zip(cfg.classes, cfg.score_thresholds))
+    pooled = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)["all"]
+    ops = operating_points(res, thresholds, pooled.num_gt)
+    kept = [FrameBoxes(d.boxes[m], d.labels[m], d.scores[m]) for d in dets
+            for m in [d.scores >= np.asarray(cfg.score_thresholds, np.float32)[d.labels]]]
+    at_op = evaluate_views(views, kept, cfg.classes, args.fov, args.max_range)["all"]
+    print("== at the operating thresholds (what a user sees) ==")
+    for c, o in ops.items():
+        aps = at_op.ap.get(c, {})
+        print(f"{c:<11} threshold {o['threshold']:.2f}: {o['detections']} detections, precision {o['precision']:.2f}, "
+              f"recall {o['recall']:.2f}; AP " + ", ".join(f"{k} {aps[k]:.3f}" for k in ("bev@0.5", "bev@0.25", "bev@0.7")
+                                                         if k in aps))
+    out = {"bins": {c: reliability(*r) for c, r in res.items()},
+           "ece": {c: expected_calibration_error(*r) for c, r in res.items()},
+           "operating": ops, "ap_at_operating": at_op.ap}
+    if args.fit_calibration:
+        old = dict(zip(cfg.classes, cfg.score_calibration)) if cfg.score_calibration else {}
+        table = {}
+        for c, (sc, right) in res.items():
+            knots = fit_knots(sc, right)
+            if knots is not None:
+                table[c] = compose(knots, old.get(c))
+        counts = ", ".join(f"{c} {len(res[c][0])}" for c in cfg.classes)
+        Path(args.fit_calibration).write_text(
+            f"# fitted by livox-infer eval --real --fit-calibration on {counts} detections\n"
+            + yaml.safe_dump({"score_calibration": table}, default_flow_style=None, sort_keys=False))
+        print(f"calibration for {', '.join(table) or 'no class'} written to {args.fit_calibration}")
+        out["fitted"] = table
+    return out

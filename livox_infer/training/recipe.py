@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from livox_infer.detector.config import ModelConfig
+from livox_infer.detector.config import ModelConfig, deep_merge, read_config_dict
 from livox_infer.errors import ConfigError
 from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.training.train import (
@@ -100,20 +100,6 @@ class Recipe:
 
 
 # --------------------------------------------------------------------------- loading
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any], drop_none: bool = True) -> dict[str, Any]:
-    """``over`` on top of ``base``: mappings merge, other values replace; a None removes the key (``drop_none``)
-    or stays (a stage over the recipe's defaults: the None removes a config key later)."""
-    out = dict(base)
-    for k, v in over.items():
-        if v is None and drop_none:
-            out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v, drop_none)
-        else:
-            out[k] = v
-    return out
 
 
 def _parts(value: Any, where: str) -> tuple[Part, ...]:
@@ -252,8 +238,7 @@ def base_config(r: Recipe) -> ModelConfig:
 
 def stage_config(r: Recipe, stage: StageSpec) -> ModelConfig:
     base = base_config(r)
-    data = yaml.safe_load(Path(base.source).read_text(encoding="utf-8"))
-    return ModelConfig.from_dict(deep_merge(data, stage.config), source=base.source)
+    return ModelConfig.from_dict(deep_merge(read_config_dict(base.source), stage.config), source=base.source)
 
 
 def dataset_options(r: Recipe, d: DatasetSpec, out: Path, rt: Runtime) -> TrainOptions:
