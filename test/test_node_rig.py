@@ -170,3 +170,26 @@ def test_odometry_with_a_non_finite_position_is_counted_and_not_used(ros):
     diag = {kv.key: kv.value for kv in status.values}
     assert int(diag["odometry_rejected"]) >= 1 and "odometry" in status.message
     assert publish_while(pub, cloud_msg(stamp_ns=7_000_000_000), lambda: len(dets.msgs) >= 1)  # still detecting
+
+
+def test_bev_extent_changes_through_the_parameter_service_type(ros):
+    # issue 30: the parameter service hands double arrays over as array('d'): "bev_extent must be a list"
+    from livox_infer.ros import param_updates
+
+    topic = "/" + unique("cloud")
+    node, _, _, _, factory = start(ros, {"input_topic": topic, "bev_extent": [0.0, 80.0, -41.6, 41.6]}, [topic])
+
+    def via_service(extent):  # what `ros2 param set` / the set_parameters service deliver
+        msg = Parameter("bev_extent", value=extent).to_parameter_msg()
+        return param_updates.set_as_one_change(node, [Parameter.from_parameter_msg(msg)])
+
+    assert via_service([0.0, 80.0, -41.6, 41.6]).successful and len(factory.built) == 1  # the same: no rebuild
+    result = via_service([0.0, 57.6, -28.8, 28.8])
+    assert result.successful, result.reason
+    assert factory.built[-1].options["bev_extent"] == (0.0, 57.6, -28.8, 28.8)
+    assert node._values["bev_extent"] == [0.0, 57.6, -28.8, 28.8]
+    huge = via_service([-998.4, 998.4, -998.4, 998.4])  # 4992 x 4992 cells: ~26 s a frame, 5.6 GB
+    assert not huge.successful and "at most 1,048,576 cells" in huge.reason
+    odd = via_service([0.0, 80.0, -40.0, 40.0])  # 40 is not a multiple of lite's 3.2 m
+    assert not odd.successful and "multiples of 3.2" in odd.reason
+    assert node._values["bev_extent"] == [0.0, 57.6, -28.8, 28.8] and len(factory.built) == 2

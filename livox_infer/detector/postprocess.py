@@ -20,9 +20,9 @@ def topk_decode(heads: dict[str, torch.Tensor], cfg: ModelConfig, k: int | None 
     With an ``iou`` head map and ``cfg.iou_score_alpha`` > 0 the score of a candidate becomes
     heat^(1 - a) * iou^a (a per class); candidates are still chosen by heat.
     """
-    k = k or cfg.top_k
     heat = torch.sigmoid(heads["heatmap"])
     b, c, h, w = heat.shape
+    k = min(k or cfg.top_k, c * h * w)  # a small grid (one 3.2 m cell of lite) has fewer places than top_k
     peaks = F.max_pool2d(heat, 3, stride=1, padding=1)
     heat = heat * (peaks == heat).to(heat.dtype)
     scores, flat = heat.reshape(b, -1).topk(k, dim=1)

@@ -13,6 +13,7 @@ therefore never builds a backlog: latency stays one frame, throughput degrades g
 from __future__ import annotations
 
 import argparse
+import array
 import collections
 import importlib
 import logging
@@ -286,6 +287,17 @@ class DetectorNode(Node):
         except ParameterUninitializedException:  # an array parameter left unset
             return None
 
+    @staticmethod
+    def _check_extent(model: str, extent: list[float]) -> str | None:
+        """Why the model cannot run on ``extent`` (not whole coarsest cells, too many cells), said to the caller."""
+        from livox_infer.detector.config import ModelConfig
+
+        try:
+            ModelConfig.load(model).with_extent(extent)
+        except LivoxInferError as exc:
+            return f"bev_extent: {exc}"
+        return None
+
     def _check_model_classes(self, model: str) -> str | None:
         """A new model must have the classes whose thresholds were declared at start-up."""
         try:
@@ -302,10 +314,14 @@ class DetectorNode(Node):
         candidate = dict(self._values)
         for p in params:
             if p.name in candidate:  # others (use_sim_time, ...) belong to rclpy itself
-                candidate[p.name] = p.value
+                # arrays arrive from the parameter service as array('d') / array('q'): the node holds lists
+                candidate[p.name] = list(p.value) if isinstance(p.value, array.array) else p.value
         reason = validate_params(candidate, self._params)
         if not reason and candidate["model"] != self._values["model"]:
             reason = self._check_model_classes(candidate["model"])
+        if not reason and candidate["bev_extent"] is not None and (
+                candidate["bev_extent"] != self._values["bev_extent"] or candidate["model"] != self._values["model"]):
+            reason = self._check_extent(candidate["model"], candidate["bev_extent"])
         if reason:
             self.get_logger().warning(f"rejected parameter change: {reason}")
             return SetParametersResult(successful=False, reason=reason)
