@@ -20,7 +20,7 @@ import functools
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -232,27 +232,37 @@ def _select(reader: Any, topic: str | Iterable[str] | None, wanted: Sequence[str
 
 
 def read_clouds(path: str | Path, topic: str | Iterable[str] | None = None,
-                filters: DecodeFilter | None = None) -> Iterator[tuple[str, Cloud]]:
+                filters: DecodeFilter | None = None,
+                on_bad_message: Callable[[str], None] | None = None) -> Iterator[tuple[str, Cloud]]:
     """Yield ``(topic, Cloud)`` in bag order for PointCloud2 and Livox CustomMsg topics.
 
     ``topic`` None reads every cloud topic; a named topic that is missing or not a cloud type
-    raises PointCloudError, as does a missing or damaged bag.
+    raises PointCloudError, as does a missing or damaged bag. A message that does not deserialize or decode
+    raises too, unless ``on_bad_message`` is given: then it is called with the reason and the message skipped
+    (an archive keeps the good frames around one corrupt message).
     """
     path = Path(path)
     store = typestore()
     reader = _open_reader(path)
     try:
         conns = _select(reader, topic, CLOUD_TYPES, path)
-        for conn, _, raw in _messages(reader, conns, path):
+        for index, (conn, stamp, raw) in enumerate(_messages(reader, conns, path)):
             what = f"{path}:{conn.topic}"
-            if conn.msgtype == POINTCLOUD2:
-                try:
-                    msg = store.deserialize_cdr(raw, POINTCLOUD2)
-                except Exception as exc:
-                    raise PointCloudError(f"{what}: cannot deserialize PointCloud2: {exc}") from None
-                yield conn.topic, decode_pointcloud2(msg, filters=filters)
-            else:
-                yield conn.topic, custom_msg_to_cloud(decode_custom_msg_cdr(raw, what), filters)
+            try:
+                if conn.msgtype == POINTCLOUD2:
+                    try:
+                        msg = store.deserialize_cdr(raw, POINTCLOUD2)
+                    except Exception as exc:
+                        raise PointCloudError(f"{what}: cannot deserialize PointCloud2: {exc}") from None
+                    cloud = decode_pointcloud2(msg, filters=filters)
+                else:
+                    cloud = custom_msg_to_cloud(decode_custom_msg_cdr(raw, what), filters)
+            except PointCloudError as exc:
+                if on_bad_message is None:
+                    raise
+                on_bad_message(f"message {index} (bag time {stamp} ns): {exc}")
+                continue
+            yield conn.topic, cloud
     finally:
         reader.close()
 

@@ -190,3 +190,29 @@ def test_file_options_reach_the_workers_as_absolute_paths(small_model, tmp_path,
     relative = fleet.settings_for(p.parse_args([str(tmp_path), "--out-dir", "o", "--model", small_model.name]))
     assert relative.detect_args["model"] == str(small_model.resolve())
     assert relative.identity == absolute.identity
+
+
+def test_one_corrupt_message_keeps_the_good_frames_of_a_recording(small_model, tmp_path, capsys):  # noqa: F811
+    """Issue 30: one undecodable message marked the whole recording failed with 0 frames."""
+    from livox_infer.bags import POINTCLOUD2, read_clouds
+    from livox_infer.errors import PointCloudError
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    with BagWriter(archive / "drive") as w:
+        for i in range(4):
+            if i == 1:  # a damaged message between good ones: not even a CDR header
+                w.write_raw("/livox/lidar", POINTCLOUD2, b"\x00\x01garbage", 1000 + i)
+                continue
+            w.write_cloud("/livox/lidar", encode_pointcloud2(scene_points(seed=20 + i), "xyzi", stamp_ns=1000 + i,
+                                                             frame_id="livox_frame"))
+    with pytest.raises(PointCloudError, match="cannot deserialize"):  # by default a bad message still raises
+        list(read_clouds(archive / "drive"))
+    out = tmp_path / "out"
+    assert run([str(archive), "--out-dir", str(out), "--model", str(small_model), "--no-compile",
+                "--sensor-height", "1.6"]) == 0
+    row = manifest(out)["drive"]
+    assert row["status"] == "ok" and row["frames"] == 3 and row["bad_messages"] == 1
+    assert "message 1" in row["first_bad_message"] and "cannot deserialize PointCloud2" in row["first_bad_message"]
+    assert [r["stamp"] for r in rows(out / "drive.jsonl")] == [1000, 1002, 1003]
+    assert "kept the good frames of drive: 1 bad messages skipped" in capsys.readouterr().err

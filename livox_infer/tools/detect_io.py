@@ -71,8 +71,10 @@ def is_bag(path: Path) -> bool:
     return (path.is_dir() and (path / "metadata.yaml").is_file()) or path.suffix in (".db3", ".mcap")
 
 
-def iter_inputs(inputs: list[str], topic: str | None) -> Iterator[tuple[str, Cloud]]:
-    """(source name, raw Cloud) for every frame of every input, in order."""
+def iter_inputs(inputs: list[str], topic: str | None,
+                on_bad_message=None) -> Iterator[tuple[str, Cloud]]:
+    """(source name, raw Cloud) for every frame of every input, in order. ``on_bad_message(reason)``: a bag message
+    that does not decode is reported there and skipped instead of raising (bags.read_clouds)."""
     from livox_infer.decode.pointfiles import read_points_file
 
     for name in inputs:
@@ -82,7 +84,7 @@ def iter_inputs(inputs: list[str], topic: str | None) -> Iterator[tuple[str, Clo
         if is_bag(path):
             from livox_infer.bags import read_clouds
 
-            for t, cloud in read_clouds(path, topic):
+            for t, cloud in read_clouds(path, topic, on_bad_message=on_bad_message):
                 yield t, cloud
             continue
         files = sorted(q for q in path.iterdir() if q.suffix.lower() in POINT_SUFFIXES) if path.is_dir() else [path]

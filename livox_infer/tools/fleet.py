@@ -203,7 +203,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _detect_frames(pipe, job: Job, settings: Settings, out, writer) -> tuple[int, int]:
+def _detect_frames(pipe, job: Job, settings: Settings, out, writer, bad: list[str]) -> tuple[int, int]:
     from livox_infer.tools.detect_io import detection_row, iter_inputs, write_annotated
     from livox_infer.tools.bev_plot import save_bev_png
 
@@ -212,7 +212,7 @@ def _detect_frames(pipe, job: Job, settings: Settings, out, writer) -> tuple[int
     if bev_dir:
         bev_dir.mkdir(parents=True, exist_ok=True)
     frames = boxes = 0
-    for source, cloud in iter_inputs([job.input], args.get("topic")):
+    for source, cloud in iter_inputs([job.input], args.get("topic"), on_bad_message=bad.append):
         if args.get("max_frames") is not None and frames >= args["max_frames"]:
             break
         det = pipe.detect(cloud)
@@ -225,12 +225,14 @@ def _detect_frames(pipe, job: Job, settings: Settings, out, writer) -> tuple[int
         frames += 1
         boxes += len(det)
     if frames == 0:
-        raise PointCloudError("no point clouds found in the input")
+        raise PointCloudError(f"no decodable point cloud in the input ({len(bad)} bad messages; first: {bad[0]})"
+                              if bad else "no point clouds found in the input")
     return frames, boxes
 
 
-def _run_job(job: Job, settings: Settings) -> tuple[int, int]:
-    """Detect one input into its outputs, which appear only when complete."""
+def _run_job(job: Job, settings: Settings, bad: list[str] | None = None) -> tuple[int, int]:
+    """Detect one input into its outputs, which appear only when complete; messages that do not decode are
+    appended to ``bad`` and skipped (the frames around them are kept)."""
     import torch
 
     from livox_infer.bags import BagWriter
@@ -250,7 +252,7 @@ def _run_job(job: Job, settings: Settings) -> tuple[int, int]:
     writer = BagWriter(scratch / bag.name, storage=settings.bag_storage) if bag else None
     try:
         with open(tmp, "w") as f:
-            counts = _detect_frames(pipe, job, settings, f, writer)
+            counts = _detect_frames(pipe, job, settings, f, writer, [] if bad is None else bad)
         if writer is not None:
             writer.close()
             writer = None
@@ -267,10 +269,11 @@ def _run_job(job: Job, settings: Settings) -> tuple[int, int]:
 
 
 def _row(job: Job, settings: Settings, status: str, error: str | None, frames: int, boxes: int,
-         seconds: float) -> dict[str, Any]:
+         seconds: float, bad: list[str] | None = None) -> dict[str, Any]:
     return {
         "input": job.input, "name": job.name, "output": f"{job.name}.jsonl", "status": status, "error": error,
-        "frames": frames, "boxes": boxes, "duration_s": round(seconds, 3), **settings.identity,
+        "frames": frames, "boxes": boxes, "bad_messages": len(bad or []),
+        **({"first_bad_message": bad[0]} if bad else {}), "duration_s": round(seconds, 3), **settings.identity,
         "worker": f"{socket.gethostname()}:{os.getpid()}",
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -279,11 +282,12 @@ def _row(job: Job, settings: Settings, status: str, error: str | None, frames: i
 def detect_job(job: Job, settings: Settings) -> dict[str, Any]:
     """Run one job; its manifest row. Never raises for a bad input: the error goes into the row."""
     t0 = time.perf_counter()
+    bad: list[str] = []  # messages that did not decode: counted and skipped, the input's other frames kept
     try:
-        frames, boxes = _run_job(job, settings)
+        frames, boxes = _run_job(job, settings, bad)
     except Exception as exc:  # noqa: BLE001 - any failure of one input is recorded; the archive run goes on
-        return _row(job, settings, "failed", f"{type(exc).__name__}: {exc}", 0, 0, time.perf_counter() - t0)
-    return _row(job, settings, "ok", None, frames, boxes, time.perf_counter() - t0)
+        return _row(job, settings, "failed", f"{type(exc).__name__}: {exc}", 0, 0, time.perf_counter() - t0, bad)
+    return _row(job, settings, "ok", None, frames, boxes, time.perf_counter() - t0, bad)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -378,6 +382,7 @@ class Tally:
     failed: list[str] = field(default_factory=list)
     frames: int = 0
     boxes: int = 0
+    bad_messages: list[str] = field(default_factory=list)  # "<name>: <n> bad messages (first: ...)" per input
 
     def add(self, row: dict[str, Any]) -> None:
         if row["status"] == "ok":
@@ -386,6 +391,9 @@ class Tally:
             self.failed.append(f"{row['name']}: {row['error']}")
         self.frames += row["frames"]
         self.boxes += row["boxes"]
+        if row.get("bad_messages") and row["status"] == "ok":
+            self.bad_messages.append(f"{row['name']}: {row['bad_messages']} bad messages skipped "
+                                     f"(first: {row.get('first_bad_message')})")
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -480,6 +488,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{tally.ok} ok, {len(tally.failed)} failed; {tally.frames} frames, {tally.boxes} boxes in "
           f"{report.work_s:.1f} s ({report.frames_per_s:.2f} frames/s; start-up {report.startup_s:.1f} s not counted); "
           f"manifest {report.manifest}", file=sys.stderr)
+    for line in tally.bad_messages[:10]:
+        print(f"  kept the good frames of {line}", file=sys.stderr)
     for line in tally.failed[:10]:
         print(f"  failed: {line}", file=sys.stderr)
     if len(tally.failed) > 10:
