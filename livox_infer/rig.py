@@ -30,6 +30,7 @@ starts over.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ RIG_KEYS = {"output_frame", "merge_tolerance_ms", "bev_extent", "sensor_height",
 SENSOR_KEYS = {"name", "topic", "model", "extrinsic", "matrix"}
 DEFAULT_MERGE_TOLERANCE_MS = 50.0  # half a 10 Hz Livox frame
 TIME_JUMP_BACK_NS = 1_000_000_000  # a stamp this far behind the last frame: time restarted (bag loop), not late
+MAX_EXTRINSIC_OFFSET_M = 1000.0  # a sensor farther than this from the output frame's origin is a unit mistake (mm?)
 
 
 def rotation_rpy(roll_deg: float, pitch_deg: float, yaw_deg: float) -> np.ndarray:
@@ -124,9 +126,12 @@ class Rig:
 
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"rig file not found: {path}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"rig file {path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})"
+                              ) from None
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"cannot read rig file {path}: {exc}") from None
         return cls.from_dict(data, str(path))
@@ -174,6 +179,10 @@ def _parse_sensor(data: Any, what: str) -> RigSensor:
     name, topic, model = data.get("name"), data.get("topic"), data.get("model")
     if not isinstance(name, (str, int)) or isinstance(name, bool) or not str(name).strip():
         raise ConfigError(f"{what}: name must be a non-empty string, got {name!r}")
+    plain = str(name).strip()
+    if any(c in plain for c in "/\\\0") or plain in (".", ".."):
+        raise ConfigError(f"{what}: name must be a plain folder name (offline, the sensor's clouds are read from "
+                          f"INPUT/<name>/; no '/', '\\', '.' or '..'), got {name!r}")
     what = f"{what} ({name})"
     if not isinstance(topic, str) or not topic.startswith("/"):
         raise ConfigError(f"{what}: topic must be an absolute topic name like /livox/lidar_front, got {topic!r}")
@@ -189,7 +198,11 @@ def _parse_sensor(data: Any, what: str) -> RigSensor:
             got = sorted(ext) if isinstance(ext, dict) else ext
             raise ConfigError(f"{what}: extrinsic needs exactly {list(EXTRINSIC_KEYS)} (m, deg), got {got!r}")
         extrinsic = transform_from_xyz_rpy(*(_number(ext[k], f"{what}: extrinsic.{k}") for k in EXTRINSIC_KEYS))
-    return RigSensor(str(name).strip(), topic, model, extrinsic)
+    offset = float(np.linalg.norm(extrinsic[:3, 3]))
+    if offset > MAX_EXTRINSIC_OFFSET_M:
+        raise ConfigError(f"{what}: the extrinsic puts the sensor {offset:.6g} m from the output frame's origin "
+                          f"(at most {MAX_EXTRINSIC_OFFSET_M:g} m; x, y, z are metres, not millimetres)")
+    return RigSensor(plain, topic, model, extrinsic)
 
 
 def merge_clouds(clouds: list[Cloud], frame_id: str) -> Cloud:
@@ -317,6 +330,8 @@ class FrameAssembler:
         self.accumulator = Accumulator(accumulate_frames, accumulate_ms)
         self.poses = poses  # PoseBuffer or None
         self._extrinsics = {s.name: s.extrinsic for s in rig.sensors}
+        # per sensor: clouds none of whose points landed on the rig's grid (a wrong extrinsic loses them silently)
+        self.outside_grid = {s.name: 0 for s in rig.sensors}
 
     def add(self, sensor_name: str, cloud: Cloud) -> list[Cloud]:
         if sensor_name not in self._extrinsics:
@@ -325,7 +340,16 @@ class FrameAssembler:
         frame = self.rig.output_frame or cloud.frame_id
         moved = Cloud(cloud.points, cloud.time, cloud.tag, cloud.stamp_ns, frame) if np.array_equal(ext, np.eye(4)) \
             else transform_cloud(cloud, ext, frame)
+        extent = self.rig.bev_extent
+        if extent is not None and len(moved):
+            x, y = moved.points[:, 0], moved.points[:, 1]
+            if not np.any((x >= extent[0]) & (x < extent[1]) & (y >= extent[2]) & (y < extent[3])):
+                self.outside_grid[sensor_name] += 1
         return [self._accumulate(m) for m in self.merger.add(sensor_name, moved)]
+
+    def outside_grid_warning(self, sensor_name: str) -> str:
+        return (f"rig sensor {sensor_name!r}: none of its points land on the rig's grid {list(self.rig.bev_extent)} "
+                f"({self.outside_grid[sensor_name]} clouds); check its extrinsic")
 
     def flush(self) -> list[Cloud]:
         return [self._accumulate(m) for m in self.merger.flush()]
@@ -348,6 +372,9 @@ def read_rig_directory(rig: Rig, root: str | Path):
     files = {}
     for s in rig.sensors:
         folder = root / s.name
+        if os.path.normpath(folder) != os.path.join(os.path.normpath(root), s.name) or s.name in (".", ".."):
+            # a name is one plain folder inside root (checked at load, again here)
+            raise PointCloudError(f"{root}: rig sensor name {s.name!r} is not a folder inside the input")
         if not folder.is_dir():
             raise PointCloudError(f"{root}: no sub-folder {s.name!r} for rig sensor {s.name} ({s.model}); "
                                   f"expected one folder per sensor named as in the rig")

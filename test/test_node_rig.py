@@ -193,3 +193,18 @@ def test_bev_extent_changes_through_the_parameter_service_type(ros):
     odd = via_service([0.0, 80.0, -40.0, 40.0])  # 40 is not a multiple of lite's 3.2 m
     assert not odd.successful and "multiples of 3.2" in odd.reason
     assert node._values["bev_extent"] == [0.0, 57.6, -28.8, 28.8] and len(factory.built) == 2
+
+
+def test_a_rig_sensor_whose_points_miss_the_grid_is_named_in_the_diagnostics(ros, tmp_path):
+    far, near = "/" + unique("far"), "/" + unique("near")
+    ext = {"y": 0.0, "z": 0.0, "roll": 0.0, "pitch": 0.0, "yaw": 0.0}
+    rig = {"output_frame": "base_link", "bev_extent": [-51.2, 51.2, -51.2, 51.2], "sensors": [
+        {"name": "far", "topic": far, "model": "horizon", "extrinsic": {"x": 900.0, **ext}},
+        {"name": "near", "topic": near, "model": "horizon", "extrinsic": {"x": 0.0, **ext}}]}
+    path = tmp_path / "rig.yaml"
+    path.write_text(yaml.safe_dump(rig))
+    node, _, (pub_far, _), _, _ = start(ros, {"rig": str(path)}, [far, near])
+    assert publish_while(pub_far, cloud_msg(stamp_ns=5_000_000_000, frame_id="far"),
+                         lambda: node._assembler.outside_grid["far"] >= 1)
+    diag = {kv.key: kv.value for kv in node.diagnostics_status().values}
+    assert int(diag["outside_grid_far"]) >= 1 and diag["outside_grid_near"] == "0"

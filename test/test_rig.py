@@ -302,3 +302,52 @@ def test_tags_survive_a_merge_with_a_sensor_without_them():
     a.tag = np.array([0, 1], np.uint8)  # the second point is flagged as noise
     merged = merge_clouds([a, cloud([[3, 0, 0]])], "base_link")
     np.testing.assert_array_equal(merged.tag, [0, 1, 0])
+
+
+# ---------------------------------------------------------------- hostile rig files (issue 30)
+def test_a_rig_file_that_is_not_utf8_is_one_clear_error(tmp_path):
+    path = tmp_path / "rig.yaml"
+    path.write_bytes("output_frame: base_link  # Fahrzeug-Mitte, gemessen in Längsrichtung\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"rig file .* is not UTF-8 text \(byte \d+"):
+        Rig.load(path)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "a\\\\b"])
+def test_a_sensor_name_that_is_not_a_plain_folder_is_refused(name):
+    d = rig_dict()
+    d["sensors"][0]["name"] = name
+    with pytest.raises(ConfigError, match="name must be a plain folder name"):
+        Rig.from_dict(d)
+
+
+def test_a_rig_directory_is_never_read_outside_the_input(tmp_path):
+    from livox_infer.errors import PointCloudError
+    from livox_infer.rig import RigSensor, read_rig_directory
+
+    (tmp_path / "x").mkdir()  # ../x of the input: must not be read even when a Rig is built by hand
+    (tmp_path / "input").mkdir()
+    rig = Rig("base_link", (RigSensor("../x", "/a", "horizon", np.eye(4)),))
+    with pytest.raises(PointCloudError, match="not a folder inside the input"):
+        list(read_rig_directory(rig, tmp_path / "input"))
+
+
+@pytest.mark.parametrize("where", ["extrinsic", "matrix"])
+def test_an_absurd_extrinsic_offset_names_the_sensor(where):
+    d = rig_dict()
+    if where == "extrinsic":
+        d["sensors"][0]["extrinsic"]["x"] = 1500.0  # millimetres typed as metres
+    else:
+        d["sensors"][1]["matrix"][2][3] = 1909.0
+    with pytest.raises(ConfigError, match=r"\((left|tele)\): the extrinsic puts the sensor .* m from the output"):
+        Rig.from_dict(d)
+
+
+def test_a_sensor_whose_points_land_off_the_grid_is_counted_by_name():
+    d = rig_dict(bev_extent=[-51.2, 51.2, -51.2, 51.2])
+    d["sensors"][0]["extrinsic"]["z"] = 0.0
+    d["sensors"][0]["extrinsic"]["x"] = 900.0  # finite, allowed, but 900 m away: nothing of it reaches the grid
+    asm = FrameAssembler(Rig.from_dict(d))
+    asm.add("left", cloud([[10.0, 0.0, 0.0]] * 5, stamp_ms=0))
+    asm.add("tele", cloud([[10.0, 0.0, 0.0]] * 5, stamp_ms=0))
+    assert asm.outside_grid == {"left": 1, "tele": 0}
+    assert "rig sensor 'left': none of its points land on the rig's grid" in asm.outside_grid_warning("left")

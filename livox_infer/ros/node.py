@@ -629,12 +629,16 @@ class DetectorNode(Node):
 
         try:  # decoded here (not in the worker): every frame must reach the merger and the accumulator
             cloud = custom_msg_cdr_to_cloud(msg) if custom else decode_pointcloud2(msg)
+            outside = self._assembler.outside_grid[sensor]
             clouds = self._assembler.add(sensor, cloud)
         except Exception as exc:  # noqa: BLE001 - malformed input must never kill the node
             with self.stats.lock:
                 self.stats.received += 1
             self._reject(f"{sensor}: {exc}")
             return
+        if self._assembler.outside_grid[sensor] > outside:
+            self.get_logger().warning(self._assembler.outside_grid_warning(sensor),
+                                      throttle_duration_sec=6 * WARN_THROTTLE_S)
         for merged in clouds:
             self._offer(merged)
 
@@ -661,6 +665,8 @@ class DetectorNode(Node):
         if self._poses is not None:
             out["odometry_rejected"] = self.stats.odometry_rejected
         out.update({f"missing_{name}": n for name, n in m.missing.items()})
+        if self._assembler.rig.bev_extent is not None:
+            out.update({f"outside_grid_{name}": n for name, n in self._assembler.outside_grid.items()})
         return out
 
     # ------------------------------------------------------------------ shutdown

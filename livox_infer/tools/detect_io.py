@@ -4,6 +4,7 @@ options describe, and the outputs (JSONL rows, annotated bags, BEV pictures)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -59,6 +60,9 @@ def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud
                 yield source.split("/")[-1], merged
         for merged in asm.flush():
             yield "last", merged
+        for name, n in asm.outside_grid.items():
+            if n:
+                print(f"warning: {asm.outside_grid_warning(name)}", file=sys.stderr)
         return
     from livox_infer.accumulate import Accumulator
 
