@@ -159,3 +159,16 @@ def test_cross_validate_refuses_weights_that_saw_the_fold(real_dir, tmp_path, mo
     dets = cross_validated_detections(views, {"av2": "wK", "kitti": "wA"}, make_pipeline)
     assert len(dets) == len(views) and all(isinstance(d, FrameBoxes) for d in dets)
     assert used[-2:] == ["wK", "wA"]
+
+
+def test_paired_bootstrap_of_a_detector_against_itself_is_zero_and_a_worse_one_negative(real_dir):
+    from livox_infer.evaluation.real import paired_bootstrap
+
+    views = load_real_dir(real_dir)
+    perfect = [FrameBoxes(v.gt.boxes[~v.gt_ignore], v.gt.labels[~v.gt_ignore], np.ones(int((~v.gt_ignore).sum())))
+               for v in views]
+    empty = [FrameBoxes(np.zeros((0, 7)), np.zeros(0, int), np.zeros(0)) for _ in views]
+    same = paired_bootstrap(views, perfect, perfect, CLASSES, n=20)
+    assert same["car"]["bev@0.5"] == [0.0, 0.0]
+    worse = paired_bootstrap(views, empty, perfect, CLASSES, n=20)
+    assert worse["car"]["bev@0.5"][1] < 0

@@ -209,19 +209,45 @@ def bootstrap_intervals(views: Sequence[RealView], detections: Sequence[FrameBox
     if n < 1 or not 0.0 < level < 1.0:
         raise ConfigError(f"bootstrap needs n >= 1 and 0 < level < 1, got n={n}, level={level}")
     dets = _in_view(views, detections, fov, max_range)
-    scenes: dict[str, list[int]] = {}
-    for i, v in enumerate(views):
-        scenes.setdefault(scene_of(v.frame), []).append(i)
-    keys = list(scenes)
-    rng = np.random.default_rng(seed)
     draws: dict[str, dict[str, list[float]]] = {}
-    for _ in range(n):
-        idx = [i for k in rng.integers(0, len(keys), len(keys)) for i in scenes[keys[k]]]
+    for idx in scene_resamples(views, n, seed):
         r = evaluate([dets[i] for i in idx], [views[i].gt for i in idx], classes,
                      gt_ignore=[views[i].gt_ignore for i in idx], metrics=("bev",))
         for cls, aps in r.ap.items():
             for metric, ap in aps.items():
                 draws.setdefault(cls, {}).setdefault(metric, []).append(ap)
+    return percentile_intervals(draws, level)
+
+
+def scene_resamples(views: Sequence[RealView], n: int, seed: int = 0):
+    """``n`` lists of view indices: the set's scenes drawn with replacement, each with all its views."""
+    scenes: dict[str, list[int]] = {}
+    for i, v in enumerate(views):
+        scenes.setdefault(scene_of(v.frame), []).append(i)
+    keys = list(scenes)
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        yield [i for k in rng.integers(0, len(keys), len(keys)) for i in scenes[keys[k]]]
+
+
+def paired_bootstrap(views: Sequence[RealView], detections: Sequence[FrameBoxes], baseline: Sequence[FrameBoxes],
+                     classes: Sequence[str] = CLASS_NAMES, n: int = 200, level: float = BOOTSTRAP_LEVEL, seed: int = 0,
+                     fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE) -> dict[str, dict[str, list[float]]]:
+    """Interval (``level``) of AP(detections) - AP(baseline) over the same ``n`` scene resamples: whether one
+    detector is better than another on this set beyond which scenes happen to be in it."""
+    a, b = _in_view(views, detections, fov, max_range), _in_view(views, baseline, fov, max_range)
+    draws: dict[str, dict[str, list[float]]] = {}
+    for idx in scene_resamples(views, n, seed):
+        gts, ign = [views[i].gt for i in idx], [views[i].gt_ignore for i in idx]
+        ra = evaluate([a[i] for i in idx], gts, classes, gt_ignore=ign, metrics=("bev",))
+        rb = evaluate([b[i] for i in idx], gts, classes, gt_ignore=ign, metrics=("bev",))
+        for cls, aps in ra.ap.items():
+            for metric, ap in aps.items():
+                draws.setdefault(cls, {}).setdefault(metric, []).append(ap - rb.ap[cls][metric])
+    return percentile_intervals(draws, level)
+
+
+def percentile_intervals(draws: dict[str, dict[str, list[float]]], level: float) -> dict[str, dict[str, list[float]]]:
     q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
 
     def interval(values: list[float]) -> list[float]:
@@ -256,13 +282,15 @@ def real_table(results: dict[str, EvalResult], title: str) -> str:
     return "\n".join(lines)
 
 
-def interval_table(intervals: dict[str, dict[str, list[float]]], n: int, level: float) -> str:
-    """The pooled bootstrap interval of each headline BEV column (3D columns: '-')."""
+def interval_table(intervals: dict[str, dict[str, list[float]]], n: int, level: float, what: str = "") -> str:
+    """The pooled bootstrap interval of each headline BEV column (3D columns: '-'); ``what``: of a difference
+    (signed, e.g. +0.01..+0.07)."""
     cells = []
     for c, k in REAL_COLUMNS:
         iv = intervals.get(c, {}).get(k)
-        cells.append(f"{'-' if iv is None else f'{iv[0]:.2f}-{iv[1]:.2f}':>14}")
-    return f"{'all':<8}{'':>6}" + "".join(cells) + f"   <- {level:.0%} interval, {n} scene resamples"
+        text = "-" if iv is None else (f"{iv[0]:+.2f}..{iv[1]:+.2f}" if what else f"{iv[0]:.2f}-{iv[1]:.2f}")
+        cells.append(f"{text:>14}")
+    return f"{'all':<8}{'':>6}" + "".join(cells) + f"   <- {level:.0%} interval{what}, {n} scene resamples"
 
 
 # --------------------------------------------------------------------------- CLI (`livox-infer eval --real DIR`)
@@ -288,6 +316,9 @@ def add_arguments(p) -> None:
     g.add_argument("--fit-calibration", metavar="OUT.yaml", default=None,
                    help="fit the score_calibration (Platt, per class) on these detections (use with "
                         "--cross-validate) and write it as a model-config snippet")
+    g.add_argument("--paired-with", metavar="WEIGHTS", default=None,
+                   help="with --bootstrap: also score WEIGHTS (which must not have seen these frames) and print the "
+                        "interval of the AP difference over the same scene resamples")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
@@ -387,10 +418,19 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     print(real_table(res, f"== {how} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
     extra = reliability_report(views, dets, cfg, args) if (args.reliability or args.fit_calibration) else None
-    intervals = None
+    intervals, paired = None, None
     if args.bootstrap:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
         print(interval_table(intervals, args.bootstrap, BOOTSTRAP_LEVEL))
+        if getattr(args, "paired_with", None):
+            if set(seen_sources(args.paired_with)) & {v.source for v in views}:
+                raise ConfigError(f"--paired-with {args.paired_with}: these weights were trained on frames scored here")
+            base = detect_views(views, scan_detector(make_pipeline(args.paired_with)))
+            diff = paired_bootstrap(views, dets, base, cfg.classes, args.bootstrap, fov=args.fov,
+                                    max_range=args.max_range)
+            print(interval_table(diff, args.bootstrap, BOOTSTRAP_LEVEL,
+                                 f" of the AP difference to {Path(args.paired_with).name}"))
+            paired = {"weights": args.paired_with, "difference": diff}
     if args.bev_dir:
         save_view_pictures(views, dets, cfg.classes, Path(args.bev_dir), args.fov, args.max_range)
     if args.out:
@@ -404,6 +444,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
             out["reliability"] = extra
         if intervals is not None:
             out["bootstrap"] = {"resamples": args.bootstrap, "level": BOOTSTRAP_LEVEL, "unit": "scene", "all": intervals}
+            if paired is not None:
+                out["bootstrap"]["paired"] = paired
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
     return 0
 

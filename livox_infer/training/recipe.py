@@ -264,7 +264,7 @@ def stage_options(r: Recipe, stage: StageSpec, out: Path, init: Path | None, rt:
         if not isinstance(real, dict) or set(real) - {"root", "sources", "share"} or "root" not in real:
             raise ConfigError(f"stage {stage.name}: real needs root (and sources, share), got {real!r}")
         root = Path(str(real["root"])).expanduser()
-        o["real"] = RealTrainingSpec(str(root if root.is_absolute() else r.source.parent / root),
+        o["real"] = RealTrainingSpec(os.path.normpath(root if root.is_absolute() else r.source.parent / root),
                                      tuple(real.get("sources") or ("kitti", "av2")), float(real.get("share", RealTrainingSpec.share)))
     return TrainOptions(
         config=stage_config(r, stage), work_dir=stage_dir(out, stage),
