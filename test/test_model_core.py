@@ -683,3 +683,24 @@ def test_weights_saved_before_the_backbone_neck_head_split_load_unchanged(tmp_pa
     with torch.no_grad():
         a, b = net(bev), other(bev)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_weights_without_a_content_hash_are_refused(tmp_path):
+    """Issue 30: deleting content_sha256 from the metadata let altered (sign-flipped, random) weights load."""
+    from safetensors.torch import save_file
+
+    from livox_infer.detector.weights import CONTENT_HASH_KEY, read_metadata, warm_start
+
+    cfg = small_config()
+    net = build_model(cfg)
+    good = tmp_path / "good.safetensors"
+    save_weights(net, cfg, good)
+    meta = {k: v for k, v in read_metadata(good).items() if k != CONTENT_HASH_KEY}
+    state = {k: (-v if v.is_floating_point() and not k.endswith("running_var") else v.clone())
+             for k, v in net.state_dict().items()}
+    bad = tmp_path / "no_hash.safetensors"
+    save_file(state, str(bad), metadata=meta)
+    with pytest.raises(WeightsError, match="no content hash"):
+        load_weights(build_model(cfg), cfg, bad)
+    assert warm_start(build_model(cfg), cfg, bad) == []  # training from an older checkpoint still works
+    load_weights(build_model(cfg), cfg, good)

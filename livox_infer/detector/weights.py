@@ -3,9 +3,9 @@
 The metadata holds the architecture dict of the config (JSON), its hash and a content hash (sha256 over
 every tensor's name, dtype, shape and bytes); `load_weights` refuses a file whose architecture differs
 from the config, whose tensors are missing/extra/mis-shaped/of another dtype, non-finite or implausibly
-large (|value| > MAX_ABS_VALUE, a BatchNorm running variance <= 0), whose content hash (where recorded)
+large (|value| > MAX_ABS_VALUE, a BatchNorm running variance <= 0), that records no content hash or one that
 does not match its tensors, or that is not a readable safetensors file, always with a `WeightsError`
-saying which and why.
+saying which and why (`warm_start`, for training, still takes files without a content hash).
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def _read_state(path: Path, map_location: str) -> dict[str, torch.Tensor]:
         raise WeightsError(f"weights file {path} is corrupt: {exc}") from exc
 
 
-def _check_values(state: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
-    """Finite, plausible values, and the recorded content hash (files saved before it existed have none)."""
+def _check_values(state: dict[str, torch.Tensor], path: Path, meta: dict[str, str], require_hash: bool = True) -> None:
+    """Finite, plausible values, and the recorded content hash: a file without one is refused (deleting the key
+    let altered weights load), unless ``require_hash`` is False (warm_start: training from older checkpoints)."""
     for k, v in state.items():
         if not v.is_floating_point():
             continue
@@ -103,6 +104,9 @@ def _check_values(state: dict[str, torch.Tensor], path: Path, meta: dict[str, st
         if k.endswith("running_var") and v.numel() and float(v.min()) <= 0:
             raise WeightsError(f"{path}: BatchNorm variance {k} is not positive")
     recorded = meta.get(CONTENT_HASH_KEY)
+    if recorded is None and require_hash:
+        raise WeightsError(f"{path}: no content hash ({CONTENT_HASH_KEY}) in its metadata, so altered tensors "
+                           "could not be told apart; refused (files written by save_weights record one)")
     if recorded is not None and recorded != content_sha256(state):
         raise WeightsError(f"{path}: tensor data do not match the content hash recorded when it was saved "
                            "(the file was altered or damaged)")
@@ -117,7 +121,8 @@ def extent_free(arch: dict) -> dict:
     return out
 
 
-def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str, meta: dict[str, str]) -> None:
+def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location: str, meta: dict[str, str],
+                   require_hash: bool = True) -> None:
     """Load a file whose architecture hash matches ``cfg``: every tensor present, shaped and finite."""
     raw = _read_state(path, map_location)
     state = upgrade_state_keys(raw)
@@ -133,7 +138,7 @@ def _load_matching(model: nn.Module, cfg: ModelConfig, path: Path, map_location:
             f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {bad[:5]}, "
             f"wrong dtype {[f'{k}: {state[k].dtype}' for k in wrong_dtype[:5]]}"
         )
-    _check_values(raw, path, meta)  # the content hash covers the names as saved
+    _check_values(raw, path, meta, require_hash)  # the content hash covers the names as saved
     model.load_state_dict(state)
 
 
@@ -190,7 +195,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     path = Path(path)
     meta = _detector_metadata(path)
     if meta.get("architecture_hash") == cfg.architecture_hash():
-        _load_matching(model, cfg, path, map_location, meta)
+        _load_matching(model, cfg, path, map_location, meta, require_hash=False)
         return []
     try:
         theirs = json.loads(meta.get("architecture", "{}"))
@@ -211,7 +216,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     if missing or unexpected:
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{missing[:5]}, unexpected {unexpected[:5]}")
-    _check_values(raw, path, meta)
+    _check_values(raw, path, meta, require_hash=False)
     added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
     state.update({k: own[k] for k in added})
     grown = list(added)
