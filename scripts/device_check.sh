@@ -5,7 +5,10 @@
 #
 # It takes the Python it is given (PYTHON, else python3 on PATH) as it is: no venv, no network. Packages
 # that Python lacks (the CUDA build of torch, triton, numpy, PyYAML, safetensors) are installed from the
-# wheels in .whl/ (DEVICE_CHECK_WHEELS to point elsewhere) with pip --no-index. Then it runs
+# wheels in .whl/ (DEVICE_CHECK_WHEELS to point elsewhere) with pip --no-index. .whl/ is not part of the
+# repository (git-ignored): fill it on a machine with network, e.g.
+#   python3 -m pip download --only-binary=:all: -d .whl torch triton numpy PyYAML safetensors
+# (for the GPU machine's Python version and platform), or leave it out when that Python has the packages. Then it runs
 # `python -m livox_infer.bench.device_check` from this checkout: Triton voxelizer bit-exact against the CPU
 # reference, pipeline boxes cuda vs cpu, CUDA graphs engaged (replays counted), and the benchmark tables
 # (voxelize per frame vs the torch.compile'd reference at 24k / 100k / 1M points; end to end host points ->
@@ -33,7 +36,7 @@ need = {"torch": "torch", "triton": "triton", "numpy": "numpy", "yaml": "PyYAML"
 print(" ".join(pip for mod, pip in need.items() if importlib.util.find_spec(mod) is None))
 ' 2>/dev/null)" || fail "'$PY' does not run"
 if [ -n "$missing" ]; then
-    [ -d "$WHEELS" ] || fail "$PY lacks $missing and there is no wheel folder $WHEELS to install them from"
+    [ -d "$WHEELS" ] || fail "$PY lacks $missing and there is no wheel folder $WHEELS to install them from (not part of the repository: fill it with 'pip download --only-binary=:all: -d $WHEELS $missing' where there is network, or set DEVICE_CHECK_WHEELS=DIR)"
     log="$(mktemp)"
     # shellcheck disable=SC2086 # one word per package
     "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" $missing >"$log" 2>&1 \

@@ -41,6 +41,7 @@ def test_script_names_missing_packages_in_one_line(tmp_path):
     out = run_script(PYTHON=str(bare), DEVICE_CHECK_WHEELS=str(tmp_path / "nowhere"))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out
     assert "lacks torch" in out.stderr and "no wheel folder" in out.stderr
+    assert "not part of the repository" in out.stderr and "pip download" in out.stderr  # how to get one
     (tmp_path / "wheels").mkdir()
     out = run_script(PYTHON=str(bare), DEVICE_CHECK_WHEELS=str(tmp_path / "wheels"))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out
