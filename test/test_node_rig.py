@@ -208,3 +208,18 @@ def test_a_rig_sensor_whose_points_miss_the_grid_is_named_in_the_diagnostics(ros
                          lambda: node._assembler.outside_grid["far"] >= 1)
     diag = {kv.key: kv.value for kv in node.diagnostics_status().values}
     assert int(diag["outside_grid_far"]) >= 1 and diag["outside_grid_near"] == "0"
+
+
+def test_a_model_path_to_some_yaml_does_not_tell_the_caller_what_the_file_holds(ros, tmp_path):
+    # issue 30: the refusal named the file's top-level keys, so any readable YAML could be probed remotely
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("db_password: hunter2\napi_token: abc\n")
+    topic = "/" + unique("cloud")
+    node, _, _, _, factory = start(ros, {"input_topic": topic}, [topic])
+    for value in (str(secret), str(tmp_path / "missing.yaml")):
+        result = node.set_parameters([Parameter("model", value=value)])[0]
+        assert not result.successful and result.reason == f"cannot load model {value!r} (details on the node's console)"
+    result = node.set_parameters([Parameter("model", value=str(secret)),
+                                  Parameter("bev_extent", value=[0.0, 57.6, -28.8, 28.8])])[0]
+    assert not result.successful and "db_password" not in result.reason and "api_token" not in result.reason
+

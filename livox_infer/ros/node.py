@@ -293,7 +293,12 @@ class DetectorNode(Node):
         from livox_infer.detector.config import ModelConfig
 
         try:
-            ModelConfig.load(model).with_extent(extent)
+            cfg = ModelConfig.load(model)
+        except (LivoxInferError, OSError) as exc:
+            _console.warning("cannot load model %r: %s: %s", model, type(exc).__name__, exc)
+            return f"cannot load model {model!r} (details on the node's console)"
+        try:
+            cfg.with_extent(extent)
         except LivoxInferError as exc:
             return f"bev_extent: {exc}"
         return None
@@ -303,7 +308,10 @@ class DetectorNode(Node):
         try:
             names = [p.name for p in param_model.class_params(model)]
         except (LivoxInferError, FileNotFoundError, OSError) as exc:
-            return f"cannot load model {model!r}: {exc}"
+            # the caller of the parameter service learns no more than this: why a file is not a model config would
+            # tell what a readable file holds (its keys); the details go to stderr only
+            _console.warning("cannot load model %r: %s: %s", model, type(exc).__name__, exc)
+            return f"cannot load model {model!r} (details on the node's console)"
         declared = [p.name for p in self._params if param_model.is_class_param(p.name)]
         if names != declared:
             return (f"model {model!r} has other classes ({', '.join(names)}) than the node started with "
