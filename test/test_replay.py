@@ -169,9 +169,12 @@ def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_pa
 
         w._writer.write(conn, T0 + (FRAMES + 1) * PERIOD_NS, pointcloud2_to_cdr(short))
         w._writer.write(conn, T0 + (FRAMES + 2) * PERIOD_NS, bytes(good))  # an empty cloud is valid
+        wide = encode_pointcloud2(frame_points(0)[:1], "xyzi", stamp_ns=T0)  # issue 30: width 1e9 in 18 bytes
+        wide.width, wide.row_step, wide.data = 10**9, 18, wide.data[:16] + b"\x00\x00"
+        w._writer.write(conn, T0 + (FRAMES + 3) * PERIOD_NS, pointcloud2_to_cdr(wide))
     node = ros.node(unique("replay"))
     stats = BagReplayer(node, bag, rate=0, remap={"/livox/lidar": "/" + unique("out")}).run()
-    assert stats.corrupt == {"/livox/lidar": 2}
+    assert stats.corrupt == {"/livox/lidar": 3}
     assert sum(stats.published.values()) == FRAMES + 1
 
     import argparse
@@ -182,7 +185,7 @@ def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_pa
     replay.add_arguments(p)
     ros.close()  # main() initialises rclpy's default context itself
     assert replay.main(p.parse_args([str(bag), "--rate", "0"])) == 1
-    assert "2 corrupt messages skipped" in capsys.readouterr().err
+    assert "3 corrupt messages skipped" in capsys.readouterr().err
 
 
 def test_a_damaged_mcap_chunk_is_a_bag_error(ros, tmp_path):

@@ -306,6 +306,12 @@ def _header(msg: Any) -> tuple[int, str]:
                               f"{type(exc).__name__}: {exc}") from None
 
 
+def check_geometry(msg: Any) -> tuple[int, int, int, int]:
+    """(height, width, point_step, row_step) of a PointCloud2-shaped object, or PointCloudError when they cannot
+    describe a cloud (negative, point_step 0, width * point_step beyond row_step, big-endian)."""
+    return _geometry(msg)
+
+
 def _geometry(msg: Any) -> tuple[int, int, int, int]:
     try:
         height, width = int(msg.height), int(msg.width)

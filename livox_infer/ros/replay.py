@@ -51,14 +51,18 @@ class ReplayStats:
 
 def message_check(msgtype: str) -> Callable[[bytes], None]:
     """A function that raises for a serialized message of ``msgtype`` that no subscriber could use: CDR that
-    does not deserialize, a PointCloud2 whose data length is not row_step * height, a truncated CustomMsg.
+    does not deserialize, a PointCloud2 whose geometry is impossible (negative, point_step 0, width * point_step
+    beyond row_step, big-endian) or whose data length is not row_step * height, a truncated CustomMsg.
     (Which fields a cloud has is the subscriber's business.) Corrupt messages are counted and not published."""
     from livox_infer.decode.custom_msg import decode_custom_msg_cdr
     from livox_infer.bags import typestore
     from livox_infer.bags import pointcloud2_from_cdr
 
     def check_cloud(raw: bytes) -> None:
+        from livox_infer.decode.pointcloud import check_geometry
+
         msg = pointcloud2_from_cdr(raw)
+        check_geometry(msg)  # width * point_step must fit in row_step (width 1e9 in 18 bytes was forwarded)
         if len(msg.data) != int(msg.row_step) * int(msg.height):
             raise ValueError(f"PointCloud2 data has {len(msg.data)} bytes, row_step * height = "
                              f"{int(msg.row_step) * int(msg.height)}")
