@@ -133,3 +133,26 @@ def test_out_bag_storage_follows_the_name(tmp_path, small_model):  # noqa: F811
     assert list(bag.glob("*.mcap")) and not list(bag.glob("*.db3"))
     assert run([str(pts), *common, "--out-bag", str(tmp_path / "b.mcap"), "--out-bag-storage", "sqlite3"]) == 2
     assert not (tmp_path / "b.mcap").exists()
+
+
+def test_a_wrong_input_or_output_folder_is_one_line_before_the_pipeline_is_built(tmp_path, capsys, monkeypatch):
+    """Issue 30: a wrong input path was reported after the 9-14 s pipeline build; --out into a missing folder
+    gave a raw traceback."""
+    from livox_infer.tools import detect as detect_tool
+
+    def no_build(*a, **k):
+        raise AssertionError("the pipeline was built before the paths were checked")
+
+    monkeypatch.setattr(detect_tool, "build_pipeline", no_build)
+    write_bin(tmp_path / "a.bin", scene_points(seed=1))
+    assert run([str(tmp_path / "typo.bin"), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"livox-infer detect: input not found: {tmp_path / 'typo.bin'}"]
+    for flag in ("--out", "--out-bag"):
+        argv = [str(tmp_path / "a.bin"), "--out", str(tmp_path / "o.jsonl")]
+        if flag == "--out":
+            argv[2] = str(tmp_path / "no" / "o.jsonl")
+        else:
+            argv += ["--out-bag", str(tmp_path / "no" / "bag")]
+        assert run(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"folder {tmp_path / 'no'} does not exist" in err[0] and flag in err[0], err

@@ -77,6 +77,19 @@ def add_rig_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accumulate-ms", type=float, default=0.0, help="... only frames within T ms of the newest")
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Every input exists and every output's folder does (PointCloudError / ConfigError, one line)."""
+    for name in args.input:
+        if not Path(name).exists():
+            raise PointCloudError(f"input not found: {name}")
+    for flag, value in (("--out", args.out), ("--out-bag", args.out_bag)):  # --bev-dir is created
+        if not value or value == "-":
+            continue
+        parent = Path(value).absolute().parent
+        if not parent.is_dir():
+            raise ConfigError(f"{flag} {value}: folder {parent} does not exist (create it first)")
+
+
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -96,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
 
         storage = out_bag_storage(args.out_bag, args.out_bag_storage) if args.out_bag else None
         rig = Rig.load(args.rig) if args.rig else None
+        _check_paths(args)  # before the pipeline build (seconds): a typo is reported at once
         pipe = build_pipeline(args, rig)
         if pipe.compile_error:
             print(f"livox-infer detect: compile failed, running eagerly ({pipe.compile_error})", file=sys.stderr)
@@ -134,6 +148,10 @@ def main(args: argparse.Namespace) -> int:
         return 0
     except (LivoxInferError, ConfigError) as exc:
         print(f"livox-infer detect: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # an output that cannot be written (permissions, a full disk)
+        print(f"livox-infer detect: cannot write {exc.filename or 'the output'}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     finally:
         if out is not None and out is not sys.stdout:
