@@ -50,7 +50,7 @@ setup(
     entry_points={
         "console_scripts": [
             "livox-infer = livox_infer.tools.cli:main",
-            "detector_node = livox_infer.ros.node:main",
+            "detector_node = livox_infer.ros.entry:main",
         ],
     },
 )

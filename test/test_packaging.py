@@ -217,7 +217,7 @@ def test_detector_node_wrapper_uses_the_prefix_python(tmp_path: Path):
     out = subprocess.run([str(node), "--ros-args", "-p", "sensor:=avia"], capture_output=True, text=True,
                          timeout=30, check=True).stdout.splitlines()
     assert out[0] == f"ran {fake}"
-    assert "from livox_infer.ros.node import main" in out[2]
+    assert "from livox_infer.ros.entry import main" in out[2]
     assert out[3:] == ["arg --ros-args", "arg -p", "arg sensor:=avia"]
 
 

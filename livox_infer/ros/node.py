@@ -17,6 +17,7 @@ import array
 import collections
 import importlib
 import logging
+import signal
 import sys
 import threading
 import time
@@ -781,8 +782,12 @@ def create_executor(context=None):
     return SingleThreadedExecutor(context=context)
 
 
-def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = None) -> int:
-    """Initialise rclpy with ``ros_argv``, run the node until shutdown; exit status 1 on start-up failure."""
+def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = None, *,
+              exiting: bool = False) -> int:
+    """Initialise rclpy with ``ros_argv``, run the node until shutdown; exit status 1 on start-up failure.
+
+    From the clean-up on, SIGINT is ignored; ``exiting`` (the process ends after this: `main`) leaves it so,
+    otherwise the previous handler is restored at the end."""
     import rclpy
     from rclpy.exceptions import ParameterException
     from rclpy.executors import ExternalShutdownException
@@ -801,21 +806,32 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
             print("[livox_detector] interrupted during start-up", file=sys.stderr, flush=True)
             return 130
         except (LivoxInferError, ParameterException, ImportError, OSError, ValueError, RuntimeError) as exc:
+            if not rclpy.ok():  # Ctrl-C reached a compiler subprocess too (same process group): not a failure
+                print("[livox_detector] interrupted during start-up", file=sys.stderr, flush=True)
+                return 130
             kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
             print(f"[livox_detector] FATAL: cannot start ({kind}): {exc}", file=sys.stderr, flush=True)
             return 1
-        executor = create_executor()
         try:
+            executor = create_executor()
             executor.add_node(node)
             executor.spin()
         except (KeyboardInterrupt, ExternalShutdownException):
             pass
         return 0
     finally:
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
+        # shutting down: a second Ctrl-C (the terminal's and `ros2 launch`'s own SIGINT both arrive) must not cut
+        # the clean-up short with a traceback or a death by signal (launch: "process has died, exit code -2")
+        main_thread = threading.current_thread() is threading.main_thread()  # signal.signal works there only
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            if node is not None:
+                node.destroy_node()
+            if rclpy.ok():
+                rclpy.try_shutdown()
+        finally:
+            if main_thread and not exiting:  # a late second SIGINT would otherwise kill the exiting process (-2)
+                signal.signal(signal.SIGINT, previous)
 
 
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
@@ -833,7 +849,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         if "-h" in user or "--help" in user:
             print(node_help())
             return 0
-    return spin_node(ros_argv)
+    return spin_node(ros_argv, exiting=True)
 
 
 def node_help() -> str:

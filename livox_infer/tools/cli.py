@@ -58,17 +58,20 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
-    module = importlib.import_module(args._module)
-    if getattr(args, "threads", None) is not None:  # before the command's first torch work starts the pools
-        from livox_infer.threads import apply_threads
-
-        apply_threads(args.threads)
+    name = " ".join(x for x in (args.command, getattr(args, "target", None)) if x)
     try:
+        module = importlib.import_module(args._module)  # seconds for the torch / rclpy commands
+        if getattr(args, "threads", None) is not None:  # before the command's first torch work starts the pools
+            from livox_infer.threads import apply_threads
+
+            apply_threads(args.threads)
         return int(module.main(args) or 0)
     except LivoxInferError as exc:  # a typed error the command did not report itself: one line, no traceback
-        name = " ".join(x for x in (args.command, getattr(args, "target", None)) if x)
         print(f"livox-infer {name}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C that the command did not handle (e.g. while its modules load): one line
+        print(f"livox-infer {name}: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 if __name__ == "__main__":
     sys.exit(main())
