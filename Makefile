@@ -2,14 +2,19 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Persistent torch.compile cache: later runs reuse compiled kernels instead of recompiling.
-export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
+# Compiled kernels and packages live in livox_infer's one cache folder (~/.cache/livox_infer, LIVOX_INFER_CACHE_DIR;
+# livox_infer/cache.py), the same for make, the node, detect and the benches.
 export LIVOX_INFER_VENV := $(abspath $(VENV))
 
-.PHONY: setup test test-fast demo bench freeze interfaces clean-build
+.PHONY: setup package test test-fast demo bench freeze interfaces clean-build
 
 setup:
 	bash scripts/setup.sh
+
+# The AOTInductor packages the node and detect start from in ~1 s (setup builds them too, unless SKIP_PACKAGES=1):
+# lite on its own grid and on the grids of PACKAGE_SENSORS; each is skipped when a matching one is there.
+package: setup
+	bash scripts/build_packages.sh $(VENV)
 
 # pytest exit 5 = no tests collected: a failure here (make then exits 2), never a silent pass.
 test: setup

@@ -18,7 +18,6 @@ import collections
 import dataclasses
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from livox_infer.errors import ConfigError, PointCloudError, WeightsError
+from livox_infer.cache import inductor_cache_dir
+from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.detector.boxes import axis_angle
 from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
@@ -119,18 +119,6 @@ def _as_cloud(x: Any, filters: DecodeFilter) -> Cloud:
     )
 
 
-def _inductor_cache_default() -> None:
-    os.environ.setdefault(
-        "TORCHINDUCTOR_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "livox_infer" / "inductor")
-    )
-
-
-def inductor_cache_dir() -> Path:
-    """Where torch.compile keeps its compiled kernels (TORCHINDUCTOR_CACHE_DIR; default under ~/.cache/livox_infer)."""
-    _inductor_cache_default()
-    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-
-
 class DetectionPipeline:
     """The whole ROS-free detector. See the module docstring; parameters:
 
@@ -157,7 +145,10 @@ class DetectionPipeline:
     aoti_package: an AOTInductor package from `livox-infer export` (network + decoding compiled ahead of
         time, weights inside): used instead of torch.compile / the weights file, so the machine needs
         no compiler. Must match the model config (checked); ``weights``, if also given, must be the file
-        it was exported from.
+        it was exported from. None (default) with ``compile`` on a CPU: the package built for this machine
+        (`make package`, `livox-infer export --install`) when one matches the config, grid, weights, threads,
+        CPU and torch version (`livox_infer.detector.aoti.find_package`), else torch.compile; the start-up
+        summary says which and why. False: never a package.
     test_time_flip: run the network on the frame and its mirror image (y -> -y) and average the
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
@@ -217,12 +208,16 @@ class DetectionPipeline:
         self._input = torch.zeros((1, *self.cfg.grid.shape), device=self.device).contiguous(
             memory_format=torch.channels_last
         )
+        inductor_cache_dir()  # before anything is compiled or loaded: the one cache folder (livox_infer/cache.py)
         if p.get("aoti_package"):
             with self.startup.phase("aoti package"):
                 self._load_package(Path(p["aoti_package"]))
             log.info("pipeline ready: %s", self.startup.summary())
             return
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
+        if p["compile"] and self.device.type == "cpu" and p.get("aoti_package") is None and self._cached_package(weights):
+            log.info("pipeline ready: %s", self.startup.summary())
+            return
         with self.startup.phase("weights"):
             infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
@@ -236,11 +231,33 @@ class DetectionPipeline:
                 self._compile(infer)
         log.info("pipeline ready: %s", self.startup.summary())
 
-    def _load_package(self, path: Path) -> None:
+    def _cached_package(self, weights: Path) -> bool:
+        """Load the package built for this machine, config, grid and weights (True), or note why none is used (False:
+        torch.compile runs). One note either way, in the start-up summary (the node's and detect's ready line)."""
+        from livox_infer.detector.aoti import find_package, package_fields
+
+        try:
+            with self.startup.phase("package lookup"):
+                fields = package_fields(self.cfg, weights, self.device, self._net_params["test_time_flip"])
+                path, why = find_package(fields)
+        except (OSError, LivoxInferError) as exc:
+            path, why = None, f"no package lookup ({type(exc).__name__}: {exc})"
+        if path is not None:
+            try:
+                with self.startup.phase("aoti package"):
+                    self._load_package(path, weights)
+                self.startup.notes.append(f"AOTInductor package {path.name} (built for this machine)")
+                return True
+            except Exception as exc:  # noqa: BLE001 - whatever stops the package: torch.compile instead
+                why = f"the package {path} built for this machine did not load ({type(exc).__name__}: {exc})"
+        self.startup.notes.append(f"torch.compile, since {why}")
+        return False
+
+    def _load_package(self, path: Path, weights: Path | None = None) -> None:
         from livox_infer.detector.aoti import AotiRunner, file_sha256
 
         runner = AotiRunner(path, self.cfg, self.device, self._net_params["test_time_flip"])
-        weights = self._net_params["weights"]
+        weights = weights or self._net_params["weights"]
         if weights and file_sha256(weights) != runner.metadata.get("weights_sha256"):
             raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")
         self.weights_meta = {k: v for k, v in runner.metadata.items() if k in ("trained", "weights_file", "weights_sha256")}
@@ -266,14 +283,13 @@ class DetectionPipeline:
             runner(self._input)  # warm-up: first call allocates
 
     def _compile(self, infer: torch.nn.Module) -> None:
-        _inductor_cache_default()
         mode = "reduce-overhead" if self.device.type == "cuda" and self._net_params["cuda_graphs"] else None
         try:
-            if self.device.type == "cpu":
-                # inference-only: let inductor constant-fold the weights and pre-pack them for oneDNN
-                import torch._inductor.config as inductor_config
-
-                inductor_config.freezing = True
+            # No inductor freezing: frozen weights pre-packed for oneDNN are mkldnn tensors, which the FX graph cache
+            # cannot pickle, and freezing turns the AOT autograd cache off, so every start re-traced and re-lowered
+            # the network ("inductor graph cache bypassed"). Without it a second start loads both from the cache
+            # (docs/performance.md, Start-up). Freezing + pre-packing is kept for the AOTInductor package, which is
+            # compiled once per machine (livox_infer/tools/export.py).
             compiled = torch.compile(infer, dynamic=False, fullgraph=True, mode=mode)
             with torch.no_grad():
                 for _ in range(3 if mode else 1):  # warm-up: compile (and record the CUDA graph) now

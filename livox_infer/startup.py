@@ -1,8 +1,8 @@
-"""Start-up phases with their timings (weights, compile, AOTInductor package) and whether torch.compile
-found its compiled graphs in the inductor cache: a cold start recompiles everything, a warm one only
-re-traces the model. On CPU the pipeline freezes the network and pre-packs its weights for oneDNN,
-which inductor cannot store in its graph cache ("bypassed"); the C++ kernels are still cached, so a
-second start is faster all the same (docs/performance.md)."""
+"""Start-up phases with their timings (weights, package lookup, AOTInductor package, compile), whether torch.compile
+found its compiled graphs in the inductor cache (a cold start compiles everything, a warm one re-traces the model and
+loads the rest), and one note on which network runs and why (the package built for this machine, or why not).
+"bypassed" means inductor could not cache the graph at all; the pipeline's own compile no longer does that
+(docs/performance.md, Start-up)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class StartupLog:
         self.cache_hits = 0
         self.cache_misses = 0
         self.cache_bypasses = 0
+        self.notes: list[str] = []  # e.g. which network runs and why (the pipeline's package lookup)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -58,6 +59,7 @@ class StartupLog:
             parts.append(f"inductor graph cache bypassed ({self.cache_bypasses} graphs; C++ kernels cached)")
         elif self.cache_state:
             parts.append(f"inductor cache {self.cache_state} ({self.cache_hits} hits, {self.cache_misses} misses)")
+        parts.extend(self.notes)
         return ", ".join(parts) if parts else "nothing timed"
 
 

@@ -10,9 +10,10 @@
 #   python3 -m pip download --only-binary=:all: -d .whl torch triton numpy PyYAML safetensors
 # (for the GPU machine's Python version and platform), or leave it out when that Python has the packages. Then it runs
 # `python -m livox_infer.bench.device_check` from this checkout: Triton voxelizer bit-exact against the CPU
-# reference, pipeline boxes cuda vs cpu, CUDA graphs engaged (replays counted), and the benchmark tables
+# reference, pipeline boxes cuda vs cpu (eager, compiled, CUDA graphs, and the fast path: an AOTInductor package
+# exported for the GPU in a private folder), CUDA graphs engaged (replays counted), and the benchmark tables
 # (voxelize per frame vs the torch.compile'd reference at 24k / 100k / 1M points; end to end host points ->
-# boxes, H2D included, eager vs compiled vs CUDA graphs). Arguments are passed on (--help lists them;
+# boxes, H2D included, eager vs compiled vs CUDA graphs vs package). Arguments are passed on (--help lists them;
 # `--device cpu --small` is the CPU dry run the tests use).
 #
 # Exit status: 0 every check passed, 1 a check failed, 2 no usable GPU or missing packages (one line on
@@ -45,8 +46,7 @@ if [ -n "$missing" ]; then
 fi
 
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# compiled kernels kept for the next run (same place as the Makefile's)
-export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$REPO_ROOT/.cache/torchinductor}"
+# compiled kernels and packages: livox_infer's one cache folder (~/.cache/livox_infer, LIVOX_INFER_CACHE_DIR)
 timeout "$TIME_LIMIT_S" "$PY" -m livox_infer.bench.device_check "$@"
 rc=$?
 [ "$rc" -eq 124 ] && printf 'device_check: stopped after %s s (DEVICE_CHECK_TIME_LIMIT_S)\n' "$TIME_LIMIT_S" >&2

@@ -9,6 +9,7 @@
 #   PYTHON             interpreter that creates the venv (default: python3.11, else python3; needs >= 3.10)
 #   SKIP_APT=1         do not touch system packages (they must be there already)
 #   FORCE=1            redo every step
+#   SKIP_PACKAGES=1    do not build the AOTInductor packages (scripts/build_packages.sh; `make package` later)
 #   ROS_UPSTREAM_SOURCES  upstream ROS 2 tool sources for the tests (default <repo>/../shared/ros2_upstream)
 set -euo pipefail
 
@@ -139,6 +140,17 @@ install_ros_upstream_tools() {
     bash "$REPO_ROOT/scripts/setup_ros_upstream.sh" "$VENV"
 }
 
+# ---------------------------------------------------------------- 7. AOTInductor packages for this machine
+# The node and detect start from these in about a second instead of compiling (docs/performance.md, Start-up);
+# a failure here is reported and setup goes on (the pipeline then uses torch.compile).
+build_packages() {
+    if [ -n "${SKIP_PACKAGES:-}" ]; then
+        log "SKIP_PACKAGES set: no AOTInductor packages (make package builds them later)"
+        return 0
+    fi
+    bash "$REPO_ROOT/scripts/build_packages.sh" "$VENV" || log "some AOTInductor packages were not built (see above)"
+}
+
 check_environment() {
     # From / so that livox_infer must come from the install, not from the current directory.
     (cd / && "$VENV/bin/python" - <<'EOF') || die "the venv does not import what livox_infer needs (see above)"
@@ -165,6 +177,7 @@ main() {
     build_interfaces
     check_environment
     install_ros_upstream_tools
+    build_packages
     log "ready: $VENV ($((SECONDS - t0)) s)"
 }
 

@@ -132,3 +132,18 @@ def test_cpu_dry_run_of_the_whole_script():
     for expected in ("CHECK PASSED", "ok   boxes eager on cpu vs cpu eager: 2/2 frames equal",
                      "| eager |", "|  2,000 |", "| 24,000 |", "DEVICE CHECK PASSED"):
         assert expected in text, expected
+
+
+@pytest.mark.slow  # one AOTInductor export of lite (~20-60 s) + a few frames
+def test_cpu_dry_run_checks_the_package_fast_path_too(tmp_path):
+    """The fast path (an AOTInductor package exported by the check itself, in a private folder and manifest) gives
+    the eager boxes and a row of its own; the user's manifest is not touched."""
+    manifest = tmp_path / "user_manifest.json"
+    out = run_script("--device", "cpu", "--small", "--frames", "2", "--iters", "3", "--modes", "eager,package",
+                     timeout=1200, TRITON_INTERPRET="0", LIVOX_INFER_AOTI_MANIFEST=str(manifest))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    for expected in ("package exported for cpu in", "ok   boxes package on cpu vs cpu eager: 2/2 frames equal",
+                     "| package |", "DEVICE CHECK PASSED"):
+        assert expected in text, expected
+    assert not manifest.exists()

@@ -4,10 +4,11 @@ Run by ``scripts/device_check.sh`` (the one command to run on a machine with an 
 
 1. environment: torch, CUDA, GPU (none: one line, exit status 2);
 2. voxelizer: the Triton op, its CUDA graph and torch.compile of it == the CPU reference, bit for bit;
-3. pipeline boxes on the GPU (eager, compiled, CUDA graphs) == CPU eager within tolerance, per frame;
+3. pipeline boxes on the GPU (eager, compiled, CUDA graphs, and the fast path: an AOTInductor package exported for
+   this GPU here, in a private folder and manifest) == CPU eager within tolerance, per frame;
 4. CUDA graphs engage: ``CUDAGraph.replay`` calls counted while the CUDA-graphs pipeline runs (>= 1 per frame);
 5. tables: voxelize latency per frame vs the torch.compile'd reference at 24k / 100k / 1M points, and
-   end-to-end host points -> boxes (H2D copy included) eager vs compiled vs CUDA graphs.
+   end-to-end host points -> boxes (H2D copy included) eager vs compiled vs CUDA graphs vs package.
 
 Exit status 0 when every check passes, 1 when one fails. ``--device cpu --small`` runs the same steps on
 the CPU with small clouds and the eager pipeline only (what the CPU tests run to keep this script working).
@@ -18,11 +19,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import statistics
+import tempfile
 import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +34,7 @@ import torch
 from livox_infer.bench.table import format_table
 from livox_infer.errors import BackendError, LivoxInferError
 
-PIPELINE_MODES = ("eager", "compiled", "cuda graphs")
+PIPELINE_MODES = ("eager", "compiled", "cuda graphs", "package")
 CENTRE_TOL_M = 0.05  # box centre, GPU vs CPU (TF32 convolutions move boxes by millimetres)
 SCORE_TOL = 0.02
 VOXELIZE_SIZES = "24000,100000,1000000"
@@ -130,12 +134,38 @@ def simulated_frames(n: int, seed: int = 0) -> tuple[list[np.ndarray], float]:
     return points, float(frames[0].sensor_height)
 
 
-def build_pipeline(model: str, device: torch.device, mode: str, sensor_height: float):
+def build_pipeline(model: str, device: torch.device, mode: str, sensor_height: float, package: Path | None = None):
     from livox_infer.pipeline import DetectionPipeline
 
-    # fixed mount: the ground estimate (host numpy) is not what this check measures
+    # fixed mount: the ground estimate (host numpy) is not what this check measures; compiled modes time
+    # torch.compile (never a package found in the cache), the package mode the package exported here
     return DetectionPipeline(model, device=str(device), compile=mode != "eager", cuda_graphs=mode == "cuda graphs",
-                             sensor_height=sensor_height, sensor_tilt=None)
+                             sensor_height=sensor_height, sensor_tilt=None,
+                             aoti_package=package if mode == "package" else False)
+
+
+@contextlib.contextmanager
+def exported_package(model: str, device: torch.device) -> Iterator[Path]:
+    """An AOTInductor package of ``model`` for ``device``, exported into a private folder whose own manifest trusts it
+    (the user's manifest and cache are left alone); removed afterwards."""
+    from livox_infer.detector.aoti import MANIFEST_ENV
+    from livox_infer.detector.config import ModelConfig
+    from livox_infer.tools.export import export_package
+
+    old = os.environ.get(MANIFEST_ENV)
+    with tempfile.TemporaryDirectory(prefix="livox_device_package_") as folder:
+        os.environ[MANIFEST_ENV] = str(Path(folder) / "aoti_manifest.json")
+        try:
+            cfg = ModelConfig.load(model)
+            t0 = time.perf_counter()
+            path = export_package(cfg, cfg.weights_path(), Path(folder) / f"{cfg.name}.{device.type}.pt2", str(device))
+            print(f"  package exported for {device.type} in {time.perf_counter() - t0:.1f} s", flush=True)
+            yield path
+        finally:
+            if old is None:
+                os.environ.pop(MANIFEST_ENV, None)
+            else:
+                os.environ[MANIFEST_ENV] = old
 
 
 @dataclasses.dataclass
@@ -151,9 +181,20 @@ class ModeResult:
 
 def run_mode(model: str, device: torch.device, mode: str, frames: list[np.ndarray], sensor_height: float,
              reference: list, iters: int) -> ModeResult:
+    if mode == "package":
+        with exported_package(model, device) as package:
+            t0 = time.perf_counter()
+            pipe = build_pipeline(model, device, mode, sensor_height, package)
+            setup_s = time.perf_counter() - t0  # loading the package (the export is printed above)
+        return _time_mode(pipe, mode, setup_s, frames, reference, iters, device)
     t0 = time.perf_counter()
     pipe = build_pipeline(model, device, mode, sensor_height)
     setup_s = time.perf_counter() - t0
+    return _time_mode(pipe, mode, setup_s, frames, reference, iters, device)
+
+
+def _time_mode(pipe, mode: str, setup_s: float, frames: list[np.ndarray], reference: list, iters: int,
+               device: torch.device) -> ModeResult:
     matches = [compare_detections(ref, pipe.detect(pts)) for ref, pts in zip(reference, frames)]
     for pts in frames:  # warm-up beyond the checked pass
         pipe.detect(pts)

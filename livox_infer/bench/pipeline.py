@@ -2,7 +2,8 @@
 
 Frames come from the simulator (one drive, so the mount is fixed), encoded as Livox PointCloud2
 ("livox" layout: x y z intensity tag line timestamp, no-returns included as the driver sends them).
-Each mode (eager, compiled, aoti = an AOTInductor package from `livox-infer export`) builds its own
+Each mode (eager, compiled = torch.compile, aoti = an AOTInductor package: --aoti-package, else the one built for
+this machine by `make package` / `livox-infer export --install`) builds its own
 DetectionPipeline, warms up, then times every stage of ``iters`` calls; the table shows p50 / p99 in
 milliseconds. ``--load N`` times every mode a second time with N busy processes beside it (a robot's
 CPU is never idle), so the rows under contention sit next to the quiet ones. On CUDA the compiled
@@ -37,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=100, help="timed calls per mode")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled, aoti")
-    p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode")
+    p.add_argument("--aoti-package", default=None, help="package from `livox-infer export` for the aoti mode "
+                   "(default: the one built for this machine, model and grid; `make package`)")
     p.add_argument("--test-time-flip", action="store_true", help="frame + mirror image through the network")
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--load", type=process_count, default=0, metavar="N",
@@ -67,11 +69,16 @@ def build_pipeline(mode: str, args, sensor_height):
     from livox_infer.pipeline import DetectionPipeline
 
     t0 = time.perf_counter()
-    pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode == "compiled"),
-                             sensor_height=sensor_height, aoti_package=args.aoti_package if mode == "aoti" else None,
+    # compiled = torch.compile, never a package; aoti = the named package, else the one built for this machine
+    package = (args.aoti_package or None) if mode == "aoti" else False
+    pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode != "eager"),
+                             sensor_height=sensor_height, aoti_package=package,
                              test_time_flip=args.test_time_flip, refine=not args.no_refine,
                              bev_extent=args.bev_extent)
     setup_s = time.perf_counter() - t0
+    if mode == "aoti" and pipe.network_backend != "aoti":
+        raise ConfigError(f"mode aoti: no package ({'; '.join(pipe.startup.notes)}); give --aoti-package or run "
+                          "`make package`")
     if mode == "compiled" and not pipe.compiled:
         print(f"compiled mode fell back to eager: {pipe.compile_error}", file=sys.stderr)
     return pipe, setup_s
@@ -96,8 +103,6 @@ def parse_modes(text: str, aoti_package: str | None) -> list[str]:
     for mode in modes:
         if mode not in MODES:
             raise ConfigError(f"unknown mode {mode!r}; use {', '.join(MODES)}")
-        if mode == "aoti" and not aoti_package:
-            raise ConfigError("mode aoti needs --aoti-package (make one with `livox-infer export`)")
     return modes
 
 

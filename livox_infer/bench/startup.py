@@ -1,9 +1,15 @@
-"""``livox-infer bench startup``: node start to first detection, inductor cache cold and warm.
+"""``livox-infer bench startup``: node start to first detection, cold cache, warm cache, AOTInductor package, eager.
 
-Each run starts ``livox-infer run`` (the node, a fresh process) with one TORCHINDUCTOR_CACHE_DIR,
-publishes a simulated Avia cloud every 100 ms and times spawn -> first ``~/detections`` message. With
-no ``--cache-dir`` the runs share a new empty directory, so the first run is cold and the next ones
-warm. The node's own start-up line (weights, compile, cache hits / misses) is shown beside it.
+Each row starts ``livox-infer run --sensor S`` (the node, a fresh process), publishes a simulated cloud of that
+sensor every 100 ms and times spawn -> first ``~/detections`` message; the node's own ready line (phases, inductor
+cache hits / misses, which network runs and why) is shown beside it. All rows use one livox_infer cache folder
+(``--cache-dir``, default a new empty one, so ``cold`` is really cold):
+
+- ``cold``: torch.compile with an empty inductor cache;  ``warm``: the same again, a second start on this machine;
+- ``package``: ``livox-infer export --install --sensor S`` into that folder first (timed, once per machine, as
+  ``make package`` does), then the node finds the package by itself; ``--aoti-package`` names one instead;
+- ``eager``: ``--use-compile false``.
+The compiled rows see no package (their cache folder has none), so they time torch.compile.
 """
 
 from __future__ import annotations
@@ -17,36 +23,52 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from livox_infer.bench.table import format_table
 from livox_infer.params import add_cli_options, parse_bool
 from livox_infer.threads import add_threads_argument
 
 STARTUP_RE = re.compile(r"pipeline ready after [\d.]+ s \((.*)\)$", re.MULTILINE)  # the node's one ready line
+MODES = ("cold", "warm", "package", "eager")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=int, default=2, help="node starts, one after the other (default 2: cold, warm)")
-    p.add_argument("--cache-dir", default=None, help="inductor cache to use (default: a new empty one)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma list of %(default)s (in this order)")
+    p.add_argument("--runs", type=int, default=1, help="starts per mode (default 1; cold is always one)")
+    p.add_argument("--cache-dir", default=None,
+                   help="livox_infer cache folder for every row (default: a new empty one, removed afterwards)")
     add_cli_options(p, ("sensor", "compile"))
     # the node parameter's spelling, kept for the commands in the docs
     p.add_argument("--use-compile", dest="compile", type=parse_bool, metavar="{true,false}",
-                   help="the same as --compile / --no-compile")
-    p.add_argument("--aoti-package", default=None, help="start from this AOTInductor package instead")
+                   help="false: only the eager row (the same as --no-compile)")
+    p.add_argument("--aoti-package", default=None, help="time this AOTInductor package instead of exporting one")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the first detection per run")
     add_threads_argument(p)
 
 
-def _node_command(args: argparse.Namespace, topic: str, name: str) -> list[str]:
+def _node_command(args: argparse.Namespace, topic: str, name: str, compile_: bool, package: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "livox_infer.tools.cli", "run", "--sensor", args.sensor, "--device", "cpu",
-           "--compile" if args.compile else "--no-compile", "--input-topic", topic, "--node-name", name,
+           "--compile" if compile_ else "--no-compile", "--input-topic", topic, "--node-name", name,
            "--threads", str(args.threads)]
-    if args.aoti_package:
-        cmd += ["--ros-args", "-p", f"aoti_package:={os.path.abspath(args.aoti_package)}"]
+    if package:
+        cmd += ["--ros-args", "-p", f"aoti_package:={os.path.abspath(package)}"]
     return cmd
 
 
-def time_one_start(args: argparse.Namespace, cache_dir: str, run: int, cloud) -> tuple[float | None, str]:
+def _env(root: Path, packages: bool, own_manifest: bool) -> dict[str, str]:
+    """The environment of one row: inductor's cache in ``root``; packages found in ``root`` only when asked; the
+    trusted-package manifest in ``root`` too when the bench exports its own package (the user's stays untouched)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0",
+               TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
+               LIVOX_INFER_CACHE_DIR=str(root if packages else root / "no_packages"))
+    if own_manifest:
+        env["LIVOX_INFER_AOTI_MANIFEST"] = str(root / "aoti_manifest.json")
+    return env
+
+
+def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, cloud, compile_: bool = True,
+                   package: str | None = None) -> tuple[float | None, str]:
     """(seconds from spawn to the first detections message or None on timeout, the node's start-up line)."""
     import rclpy
     from sensor_msgs.msg import PointCloud2
@@ -54,15 +76,14 @@ def time_one_start(args: argparse.Namespace, cache_dir: str, run: int, cloud) ->
 
     name = f"livox_startup_{os.getpid()}_{run}"
     topic = f"/{name}/points"
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
     node = rclpy.create_node(f"{name}_client")
     first = threading.Event()
     node.create_subscription(Detection3DArray, f"/{name}/detections", lambda _msg: first.set(), 10)
     pub = node.create_publisher(PointCloud2, topic, 10)
     lines: list[str] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen(_node_command(args, topic, name), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    proc = subprocess.Popen(_node_command(args, topic, name, compile_, package), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     elapsed = None
@@ -90,6 +111,17 @@ def time_one_start(args: argparse.Namespace, cache_dir: str, run: int, cloud) ->
     return elapsed, match.group(1) if match else "?"
 
 
+def export_package(args: argparse.Namespace, env: dict[str, str]) -> tuple[float, str]:
+    """`livox-infer export --install --sensor S` into the row's cache folder: (seconds, what it printed last)."""
+    cmd = [sys.executable, "-m", "livox_infer.tools.cli", "export", "--model", "lite", "--sensor", args.sensor,
+           "--install", "--threads", str(args.threads)]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"export failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+    return time.monotonic() - t0, out.stdout.strip().splitlines()[-1]
+
+
 def main(args: argparse.Namespace) -> int:
     import rclpy
     from sensor_msgs.msg import PointCloud2
@@ -97,23 +129,45 @@ def main(args: argparse.Namespace) -> int:
     from livox_infer.bench.pipeline import make_messages
     from livox_infer.decode.pointcloud import to_ros_message
 
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        print(f"livox-infer bench startup: unknown modes {bad}; use {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if args.compile is False:
+        modes = [m for m in modes if m == "eager"] or ["eager"]
     msgs, _, n_points = make_messages(args.sensor, 1, 0)
     cloud = to_ros_message(msgs[0], PointCloud2)
-    scratch = None if args.cache_dir else tempfile.TemporaryDirectory(prefix="livox_inductor_")
-    cache_dir = args.cache_dir or scratch.name
+    scratch = None if args.cache_dir else tempfile.TemporaryDirectory(prefix="livox_startup_")
+    root = Path(args.cache_dir or scratch.name)
+    load_before = os.getloadavg()[0]
+    notes = []
     rclpy.init()
     rows = []
     try:
-        for run in range(args.runs):
-            elapsed, startup = time_one_start(args, cache_dir, run, cloud)
-            rows.append([run + 1, "aoti" if args.aoti_package else ("compiled" if args.compile else "eager"),
-                         f"{elapsed:.1f}" if elapsed is not None else "timeout", startup])
+        for mode in modes:
+            package = args.aoti_package if mode == "package" else None
+            env = _env(root, packages=(mode == "package"), own_manifest=not args.aoti_package)
+            if mode == "package" and not package:
+                try:
+                    seconds, said = export_package(args, env)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"livox-infer bench startup: {exc}", file=sys.stderr)
+                    return 1
+                notes.append(f"package built first in {seconds:.1f} s (`livox-infer export --model lite --sensor "
+                             f"{args.sensor} --install --threads {args.threads}`: {said.split(';')[0]})")
+            for run in range(1 if mode == "cold" else args.runs):
+                elapsed, startup = time_one_start(args, env, f"{mode}{run}", cloud, compile_=(mode != "eager"),
+                                                  package=package)
+                rows.append([mode, run + 1, f"{elapsed:.1f}" if elapsed is not None else "timeout", startup])
     finally:
         rclpy.try_shutdown()
         if scratch is not None:
             scratch.cleanup()
     print(f"node start -> first detection: `livox-infer run --sensor {args.sensor} --device cpu --threads {args.threads}`, "
-          f"{n_points}-point clouds at 10 Hz; inductor cache {args.cache_dir or 'new, empty'}; {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.2f}")
-    print(format_table(["run", "network", "first detection s", "node start-up phases"], rows))
+          f"{n_points}-point clouds at 10 Hz; livox_infer cache {args.cache_dir or 'new, empty'}; {os.cpu_count()} "
+          f"cores, load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    for note in notes:
+        print(note)
+    print(format_table(["start", "run", "first detection s", "node start-up phases (its ready line)"], rows))
     return 0 if all(r[2] != "timeout" for r in rows) else 1

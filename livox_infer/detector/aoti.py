@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from livox_infer.errors import WeightsError
+from livox_infer.errors import LivoxInferError, WeightsError
 from livox_infer.detector.config import ModelConfig
 
 log = logging.getLogger("livox_infer.export")
@@ -91,13 +91,40 @@ def _trusted_bytes(path: Path) -> bytes:
     return data
 
 
+def extent_text(cfg: ModelConfig) -> str:
+    """The grid's BEV extent as the package metadata records it: "x_min,x_max,y_min,y_max" in metres."""
+    (x0, x1), (y0, y1) = cfg.grid.x_range, cfg.grid.y_range
+    return ",".join(f"{float(v):g}" for v in (x0, x1, y0, y1))
+
+
+def _grid_mismatch(meta: dict[str, str], cfg: ModelConfig) -> str | None:
+    """Why the architecture hashes differ when the only difference is the grid's extent, else None."""
+    recorded = meta.get("bev_extent")
+    if not recorded or recorded == extent_text(cfg):
+        return None
+    try:
+        same_net = cfg.with_extent([float(v) for v in recorded.split(",")]).architecture_hash() == meta.get("architecture_hash")
+    except (LivoxInferError, ValueError):
+        return None
+    if not same_net:
+        return None
+    return (f"was exported for the grid bev_extent [{recorded}] and the pipeline's grid is [{extent_text(cfg)}] "
+            "(same model and architecture, another detection grid); export it again for this grid: "
+            "`livox-infer export --sensor <the preset>` or `--bev-extent X_MIN X_MAX Y_MIN Y_MAX`")
+
+
 def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: torch.device, flip: bool) -> None:
-    """A package of this project, for this architecture, device and test-time flip setting, or WeightsError."""
+    """A package of this project, for this architecture and grid, device and test-time flip setting, or WeightsError."""
     if meta.get("format") != PACKAGE_FORMAT:
         raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
     if meta.get("architecture_hash") != cfg.architecture_hash():
+        grid = _grid_mismatch(meta, cfg)
+        if grid:
+            raise WeightsError(f"{path} {grid}")
+        what = ("another architecture" if meta.get("bev_extent") else
+                "another architecture or detection grid (an older package that does not record its grid)")
         raise WeightsError(
-            f"{path} was exported for model config {meta.get('config_name')!r} with another architecture "
+            f"{path} was exported for model config {meta.get('config_name')!r} with {what} "
             f"than {cfg.source or cfg.name}; export it again with this config"
         )
     if meta.get("device_type") != device.type:
@@ -108,6 +135,81 @@ def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: 
     if meta.get("torch_version") != torch.__version__:
         log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
                     path, meta.get("torch_version"), torch.__version__)
+
+
+# --------------------------------------------------------------------------- packages built for this machine
+# What a package in the cache (livox_infer.cache.packages_dir) must match to be picked without being named: the
+# fields below, in the order a mismatch is reported. ``machine`` is the CPU architecture and the vector ISA torch
+# dispatches to (a package holds kernels compiled for it); ``threads`` the intra-op count baked into the kernels.
+MATCH_FIELDS = ("format", "config_name", "bev_extent", "architecture_hash", "weights_sha256", "test_time_flip",
+                "device_type", "machine", "threads", "torch_version")
+_FIELD_WORDS = {"format": "package format", "config_name": "model", "architecture_hash": "architecture",
+                "bev_extent": "grid (bev_extent)", "weights_sha256": "weights (sha256)",
+                "test_time_flip": "test_time_flip", "device_type": "device", "machine": "CPU",
+                "threads": "threads", "torch_version": "torch version"}
+
+
+def machine_tag(device: torch.device) -> str:
+    """What the package's kernels were compiled for: CPU architecture + vector ISA, or the GPU."""
+    import platform
+
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def package_fields(cfg: ModelConfig, weights: str | Path, device: torch.device, flip: bool,
+                   weights_sha256: str | None = None) -> dict[str, str]:
+    """The MATCH_FIELDS of a package of ``cfg`` + ``weights`` for ``device`` on this machine, now."""
+    return {
+        "format": PACKAGE_FORMAT,
+        "config_name": cfg.name,
+        "architecture_hash": cfg.architecture_hash(),
+        "bev_extent": extent_text(cfg),
+        "weights_sha256": weights_sha256 or file_sha256(weights),
+        "test_time_flip": "yes" if flip else "no",
+        "device_type": device.type,
+        "machine": machine_tag(device),
+        "threads": str(torch.get_num_threads()) if device.type == "cpu" else "-",
+        "torch_version": torch.__version__,
+    }
+
+
+def package_name(fields: dict[str, str]) -> str:
+    """The file name of the package with these fields in the packages folder."""
+    key = hashlib.sha256(json.dumps([fields[k] for k in MATCH_FIELDS]).encode()).hexdigest()[:12]
+    return f"{fields['config_name']}.{fields['device_type']}.{key}.pt2"
+
+
+def find_package(fields: dict[str, str], folder: Path | None = None) -> tuple[Path | None, str]:
+    """(the package in ``folder`` (default: the cache's) built for exactly ``fields``, "") or (None, why not: the
+    closest package's first differing field, or that there is none)."""
+    from livox_infer.cache import packages_dir
+
+    folder = folder or packages_dir()
+    path = folder / package_name(fields)
+    if path.is_file() and path.with_suffix(".json").is_file():
+        return path, ""
+    best: tuple[int, str] | None = None
+    for side in sorted(folder.glob("*.json")):
+        try:
+            other = json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(other, dict):
+            continue
+        differ = [k for k in MATCH_FIELDS if str(other.get(k)) != fields[k]]
+        if other.get("config_name") != fields["config_name"] or not differ:
+            continue
+        k = differ[0]
+        why = (f"the closest, {side.with_suffix('.pt2').name}, differs in {_FIELD_WORDS[k]}: "
+               f"{other.get(k)} there, {fields[k]} here")
+        if best is None or len(differ) < best[0]:
+            best = (len(differ), why)
+    if best is None:
+        return None, f"no AOTInductor package for model {fields['config_name']} in {folder} (`make package` builds them)"
+    return None, f"no matching AOTInductor package in {folder}: {best[1]}"
 
 
 @contextlib.contextmanager

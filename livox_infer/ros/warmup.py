@@ -16,7 +16,7 @@ PROGRESS_LOG_PERIOD_S = 15.0
 
 def compile_cache_state() -> tuple[Path, bool]:
     """(torch.compile's cache directory, whether it already holds compiled kernels)."""
-    from livox_infer.pipeline import inductor_cache_dir
+    from livox_infer.cache import inductor_cache_dir
 
     cache = inductor_cache_dir()
     warm = cache.is_dir() and any(True for _ in cache.iterdir())
@@ -30,12 +30,15 @@ def describe_start(values: dict[str, Any]) -> str:
         return f"loading {what} from the AOTInductor package {values['aoti_package']} (compiled ahead of time)"
     if not values["use_compile"]:
         return f"building {what}, eager (use_compile false: no compile step)"
+    from livox_infer.cache import packages_dir
+
     cache, warm = compile_cache_state()
+    package = f"the AOTInductor package built for this machine if one in {packages_dir()} matches, else torch.compile"
     if warm:
-        return (f"building {what} with torch.compile; warm compile cache found in {cache} (when it holds this "
+        return (f"building {what}: {package}; warm compile cache found in {cache} (when it holds this "
                 f"model's kernels: seconds, not a minute)")
-    return (f"building {what} with torch.compile; no warm compile cache in {cache}: the first compile takes about "
-            f"a minute on a CPU (later starts reuse it; use_compile:=false starts at once)")
+    return (f"building {what}: {package}; no warm compile cache in {cache}: the first compile takes about "
+            f"a minute on a CPU (later starts reuse it; `make package` or use_compile:=false start at once)")
 
 
 @contextmanager

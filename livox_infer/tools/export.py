@@ -20,12 +20,10 @@ from typing import Any
 
 import torch
 
-from livox_infer.detector.aoti import (
-    PACKAGE_FORMAT, AotiRunner, file_sha256, manifest_path, record_in_manifest,
-)
+from livox_infer.detector.aoti import AotiRunner, manifest_path, record_in_manifest
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
-from livox_infer.params import DEFAULTS
+from livox_infer.params import DEFAULTS, SENSOR_PRESETS
 from livox_infer.threads import add_threads_argument
 from livox_infer.detector.postprocess import build_inference_model
 
@@ -35,34 +33,40 @@ log = logging.getLogger("livox_infer.export")
 
 
 
-def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path, device: str = "cpu",
+def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None, device: str = "cpu",
                    test_time_flip: bool = False) -> Path:
-    """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path."""
+    """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path. ``out`` None: install
+    it into this machine's packages folder (livox_infer.cache.packages_dir) under the name the pipeline looks
+    for (`livox_infer.detector.aoti.find_package`), with its match fields beside it (``.json``).
+
+    On CPU inductor freezes the weights into the package and pre-packs them for oneDNN (docs/performance.md:
+    the package's network is ~0.75x eager, without freezing ~1x)."""
+    import json
+
+    from livox_infer.cache import inductor_cache_dir, packages_dir
+    from livox_infer.detector.aoti import package_fields, package_name
     from livox_infer.voxelize.voxelizer import resolve_device
 
+    inductor_cache_dir()
     dev = resolve_device(device)
     weights = Path(weights)
     infer, meta = build_inference_model(cfg, weights, dev, flip=test_time_flip)
     example = torch.zeros((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
-    metadata = {
-        "format": PACKAGE_FORMAT,
-        "config_name": cfg.name,
-        "architecture_hash": cfg.architecture_hash(),
-        "weights_file": weights.name,
-        "weights_sha256": file_sha256(weights),
-        "trained": meta.get("trained", "no"),
-        "torch_version": torch.__version__,
-        "device_type": dev.type,
-        "test_time_flip": "yes" if test_time_flip else "no",
-    }
-    out = Path(out)
+    fields = package_fields(cfg, weights, dev, test_time_flip)
+    metadata = {**fields, "weights_file": weights.name, "trained": meta.get("trained", "no")}
+    install = out is None
+    out = packages_dir() / package_name(fields) if install else Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    configs: dict[str, Any] = {"aot_inductor.metadata": metadata}
+    if dev.type == "cpu":
+        configs["freezing"] = True
     with torch.no_grad():
         program = torch.export.export(infer, (example,), strict=False)
-        path = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(out), inductor_configs={"aot_inductor.metadata": metadata}
-        )
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(out), inductor_configs=configs)
     record_in_manifest(Path(path), {k: metadata[k] for k in ("config_name", "weights_sha256", "device_type")})
+    if install:
+        side = Path(path).with_suffix(".json")
+        side.write_text(json.dumps(metadata, indent=1, sort_keys=True), encoding="utf-8")
     return Path(path)
 
 
@@ -72,25 +76,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model config name (models/<name>.yaml) or path (default %(default)s)")
     p.add_argument("--weights", default=None, help="safetensors weights (default: the config's)")
     p.add_argument("--device", default="cpu", help="cpu | cuda: what the package will run on")
-    p.add_argument("--out", default=None, help="package path (default: <config>.<device>.pt2 in the current directory)")
+    p.add_argument("--sensor", default=None, choices=SENSOR_PRESETS,
+                   help="export for this sensor preset's detection grid (its bev_extent; config/<sensor>.param.yaml), "
+                        "as `livox-infer run --sensor` and `detect --sensor` use it (default: the model's grid)")
+    p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X_MIN", "X_MAX", "Y_MIN", "Y_MAX"), default=None,
+                   help="export for this detection grid (m; wins over --sensor's)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None,
+                       help="package path (default: <config>[.<sensor>].<device>.pt2 in the current directory)")
+    where.add_argument("--install", action="store_true",
+                       help="put the package into this machine's package folder (~/.cache/livox_infer/packages, "
+                            "LIVOX_INFER_CACHE_DIR), where the node and detect find it without being told")
+    p.add_argument("--if-missing", action="store_true",
+                   help="with --install: do nothing when a package matching this model, grid, weights, threads, CPU "
+                        "and torch version is installed already")
     p.add_argument("--test-time-flip", action="store_true",
                    help="bake in test-time flipping (frame + mirror image, averaged); the pipeline must set it too")
     p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
     add_threads_argument(p)  # inductor bakes the thread count into the package's kernels
 
 
+def export_config(args: argparse.Namespace) -> ModelConfig:
+    """The model config with the grid the package is for: --bev-extent, else --sensor's preset grid, else the model's."""
+    cfg = ModelConfig.load(args.model)
+    extent = getattr(args, "bev_extent", None)
+    if extent is None and getattr(args, "sensor", None):
+        from livox_infer.presets import preset_pipeline_options
+
+        extent = preset_pipeline_options(args.sensor).get("bev_extent")
+    return cfg.with_extent(extent) if extent is not None else cfg
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = ModelConfig.load(args.model)
+        cfg = export_config(args)
         if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {args.device!r}")
         weights = Path(args.weights) if args.weights else cfg.weights_path()
-        out = Path(args.out or f"{cfg.name}.{str(args.device).split(':')[0]}.pt2")
+        sensor = f".{args.sensor}" if args.sensor and args.bev_extent is None else ""
+        out = None if args.install else Path(args.out or f"{cfg.name}{sensor}.{str(args.device).split(':')[0]}.pt2")
+        if args.if_missing and not args.install:
+            raise ConfigError("--if-missing goes with --install")
+        if args.if_missing:
+            from livox_infer.detector.aoti import find_package, package_fields
+            from livox_infer.voxelize.voxelizer import resolve_device
+
+            found, _ = find_package(package_fields(cfg, weights, resolve_device(args.device), args.test_time_flip))
+            if found is not None:
+                print(f"{found} matches already (model, grid, weights, threads, CPU, torch): nothing to do")
+                return 0
         t0 = time.time()
         path = export_package(cfg, weights, out, args.device, args.test_time_flip)
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.time() - t0:.0f} s; "
-              f"its sha256 is recorded as trusted in {manifest_path()}")
+        (x0, x1), (y0, y1) = cfg.grid.x_range, cfg.grid.y_range
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, grid x {x0:g}..{x1:g} m, y {y0:g}..{y1:g} m, "
+              f"{torch.get_num_threads()} threads) in {time.time() - t0:.0f} s; its sha256 is recorded as trusted in "
+              f"{manifest_path()}")
         if args.check:
             print(check_package(path, cfg, weights, args.device, args.test_time_flip))
     except LivoxInferError as exc:
