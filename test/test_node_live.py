@@ -1,13 +1,17 @@
 """Every documented way to start the node runs live: the real DetectorNode with the real DetectionPipeline (CPU,
-eager) on loopback, started with the very ROS arguments `livox-infer run` builds from each `livox-infer run ...`
-line in README.md, docs/*.md and config/, kept alive for several diagnostics periods while clouds (and, where
-configured, odometry) arrive on every topic it subscribes to. It must publish detections for the clouds it was
-sent, count no failed or rejected frame, and still publish diagnostics at the end.
+eager) on loopback, started with the ROS arguments each documented command gives it (`livox-infer run ...` through
+the CLI's own ros_arguments; `ros2 launch livox_infer detect.launch.py ...` through the `livox-infer run` options
+that load the same files; `ros2 run livox_infer detector_node --ros-args ...` as written) from README.md, docs/*.md,
+config/ and launch/detect.launch.py, kept alive for several diagnostics periods while clouds (PointCloud2 or
+CustomMsg, as configured, and odometry where configured) arrive on every topic it subscribes to. It must publish
+detections for the clouds it was sent, count no failed or rejected frame, and still publish diagnostics at the end.
 
 The matrix is generated from the documents, so a newly documented configuration is tested without editing this
-file; the few lines that need an artefact a test cannot afford to build are listed in NEEDS_ARTEFACT with the
-reason, and that list must keep matching documented lines. Device and compile are forced to cpu / eager (the
-documented `--sensor avia` means auto / compiled): the node's code paths are the same, compile costs minutes.
+file; commands that give the node the same arguments run once. Lines that need an artefact a test cannot afford
+to build are listed in NEEDS_ARTEFACT with the reason (that list must keep matching documented lines), and lines
+naming a placeholder file (/path/my.yaml) are skipped saying so. Device, compile and threads are forced to cpu /
+eager / 1 (the documented `--sensor avia` means auto / compiled): the node's code paths are the same, compile
+costs minutes.
 """
 
 from __future__ import annotations
@@ -42,37 +46,79 @@ NEEDS_ARTEFACT = {
 
 def _sources() -> list[Path]:
     docs = [p for p in sorted((REPO / "docs").glob("*.md")) if p.name != "log.md"]  # the log keeps old CLIs
-    return [REPO / "README.md", *docs, *sorted((REPO / "config").rglob("*.yaml"))]
+    return [REPO / "README.md", *docs, *sorted((REPO / "config").rglob("*.yaml")), REPO / "launch" / "detect.launch.py"]
 
 
-def documented_run_lines() -> list[str]:
-    """Every distinct `livox-infer run ...` command in the README, docs and config files (inline code, bash
-    blocks and YAML comments), without its trailing comment."""
+# the ways to start the node: `livox-infer run ...`, `ros2 launch livox_infer detect.launch.py ...`,
+# `ros2 run livox_infer detector_node ...`
+_COMMAND = re.compile(r"(?:livox-infer run|ros2 launch livox_infer detect\.launch\.py|ros2 run livox_infer detector_node)"
+                      r"(?: [^`#\n(]*)?")
+# detect.launch.py's arguments -> the `livox-infer run` option that does the same (node_name: the test names it)
+LAUNCH_OPTIONS = {"sensor": "--sensor", "params_file": "--params-file", "input_topic": "--input-topic",
+                  "rig": "--rig", "model": "--model", "device": "--device", "use_compile": "--use-compile",
+                  "node_name": None}
+
+
+def documented_lines() -> list[str]:
+    """Every distinct command that starts the node in the README, docs, config files and the launch file (inline
+    code, bash blocks, comments), without its trailing comment."""
     found: dict[str, None] = {}
     for path in _sources():
         for line in path.read_text().splitlines():
-            for m in re.finditer(r"livox-infer run(?: [^`#\n(]*)?", line):
+            for m in _COMMAND.finditer(line):
                 text = m.group(0).strip()
                 if "..." in text or "[" in text.split("--ros-args")[0] \
-                        or any(re.fullmatch(r"[A-Z][A-Z_]*", t) for t in text.split()):
-                    continue  # a synopsis (`--threads N`, `--sensor NAME`), not a command
+                        or any(re.fullmatch(r"[A-Z][A-Z_]*", t) for t in re.split(r"\s+|:=", text)):
+                    continue  # a synopsis (`--threads N`, `--sensor NAME`, `sensor:=NAME`), not a command
                 found.setdefault(" ".join(text.split()))
     return list(found)
 
 
-def _parse(line: str) -> argparse.Namespace:
+def documented_run_lines() -> list[str]:
+    return [x for x in documented_lines() if x.startswith("livox-infer run")]
+
+
+def _parse(args: list[str]) -> argparse.Namespace:
     from livox_infer.ros.node import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return parser.parse_args(shlex.split(line.replace("$PWD", str(REPO)))[2:])
+    return parser.parse_args(args)
+
+
+def ros_argv_for(line: str) -> list[str]:
+    """The argument list the node is initialised with for a documented command (as the program would)."""
+    from livox_infer.ros.node import ros_arguments
+
+    tokens = shlex.split(line.replace("$PWD", str(REPO)))
+    if tokens[:2] == ["livox-infer", "run"]:
+        return ros_arguments(_parse(tokens[2:]))
+    if tokens[:2] == ["ros2", "launch"]:  # the launch file loads what `livox-infer run` loads for these options
+        options = []
+        for arg in tokens[4:]:
+            name, value = arg.split(":=", 1)
+            assert name in LAUNCH_OPTIONS, f"launch argument {name!r} unknown to this test: add it to LAUNCH_OPTIONS"
+            options += [LAUNCH_OPTIONS[name], value] if LAUNCH_OPTIONS[name] else []
+        return ros_arguments(_parse(options))
+    rest = [str(REPO / t) if (REPO / t).is_file() else t for t in tokens[4:]]  # ros2 run: paths from the repo root
+    return ["detector_node", *rest] if "--ros-args" in rest else ["detector_node", *rest, "--ros-args"]
+
+
+def _missing_file(line: str) -> str | None:
+    """A file the command names that is not here (a placeholder such as /path/my.yaml)."""
+    for token in re.split(r"[\s=]+", line.replace("$PWD", str(REPO))):
+        if token.endswith((".yaml", ".pt2")) and not (Path(token).is_file() or (REPO / token).is_file()
+                                                     or (REPO / "config" / token).is_file()):
+            return token
+    return None
 
 
 def test_the_documents_give_the_configurations_that_merge_and_stack():
     lines = documented_run_lines()
     joined = "\n".join(lines)
     # the configurations issue 30 found crashing must stay documented (and so in the matrix below)
-    for needle in ("--rig ", "rig:=", "input_topics:=", "accumulate_frames:=", "odometry_topic:="):
+    for needle in ("--rig ", "rig:=", "input_topics:=", "accumulate_frames:=", "odometry_topic:=",
+                   "input_type:=custom_msg"):
         assert needle in joined, needle
     assert any("accumulate_frames:=" in x and "odometry_topic" not in x for x in lines), \
         "plain accumulation (no odometry) is not documented"
@@ -80,17 +126,29 @@ def test_the_documents_give_the_configurations_that_merge_and_stack():
         assert any(key in x for x in lines), f"NEEDS_ARTEFACT entry {key!r} matches no documented line any more"
 
 
-def _cloud_msg(stamp_ns: int, frame_id: str, rng: np.random.Generator):
+def _points(rng: np.random.Generator) -> np.ndarray:
     """A plausible frame in front of a sensor: ground 1.8 m below, a car-sized block 12 m ahead, a wall."""
-    from sensor_msgs.msg import PointCloud2
-
-    from livox_infer.decode.pointcloud import encode_pointcloud2, to_ros_message
-
     ground = np.column_stack([rng.uniform(2, 40, 6000), rng.uniform(-15, 15, 6000), np.full(6000, -1.8)])
     car = np.column_stack([rng.uniform(11, 15.5, 1500), rng.uniform(-1, 1, 1500), rng.uniform(-1.8, -0.3, 1500)])
     wall = np.column_stack([np.full(1500, 30.0), rng.uniform(-10, 10, 1500), rng.uniform(-1.8, 2.0, 1500)])
     xyz = np.concatenate([ground, car, wall]) + rng.normal(0, 0.02, (9000, 3))
-    pts = np.column_stack([xyz, rng.uniform(0, 100, len(xyz))]).astype(np.float32)
+    return np.column_stack([xyz, rng.uniform(0, 100, len(xyz))]).astype(np.float32)
+
+
+def _message(custom: bool, pts: np.ndarray, stamp_ns: int, frame_id: str):
+    """The frame as the node's input type: an rclpy PointCloud2, or a livox_ros_driver2 CustomMsg."""
+    if custom:
+        from rclpy.serialization import deserialize_message
+
+        from livox_infer.decode.custom_msg import encode_custom_msg_cdr
+        from livox_infer.ros.node import custom_msg_class
+
+        return deserialize_message(encode_custom_msg_cdr(pts, stamp_ns=stamp_ns, frame_id=frame_id),
+                                   custom_msg_class())
+    from sensor_msgs.msg import PointCloud2
+
+    from livox_infer.decode.pointcloud import encode_pointcloud2, to_ros_message
+
     data = encode_pointcloud2(pts, "livox", tag=np.zeros(len(pts), np.uint8), stamp_ns=stamp_ns, frame_id=frame_id)
     return to_ros_message(data, PointCloud2)
 
@@ -141,11 +199,23 @@ class LiveNode:
 
 
 def _cases():
-    out = []
-    for line in documented_run_lines():
-        reason = next((why for key, why in NEEDS_ARTEFACT.items() if key in line), None)
-        marks = [pytest.mark.skip(reason=f"needs {reason}")] if reason else []
-        out.append(pytest.param(line, marks=marks, id=line[len("livox-infer run "):][:70] or "defaults"))
+    """One case per distinct start-up (lines that give the node the same arguments, e.g. `ros2 launch ...
+    sensor:=horizon` and `livox-infer run --sensor horizon`, run once)."""
+    out, seen = [], set()
+    for line in documented_lines():
+        reason = next((f"needs {why}" for key, why in NEEDS_ARTEFACT.items() if key in line), None)
+        if reason is None and _missing_file(line):
+            reason = f"names {_missing_file(line)}, a placeholder that is not a file here"
+        if reason is None:
+            argv = ros_argv_for(line)[1:]
+            forced = {i for i in range(1, len(argv)) if argv[i - 1] == "-p"
+                      and argv[i].split(":=")[0] in ("device", "use_compile", "threads")}  # the test sets these
+            key = tuple(a for i, a in enumerate(argv) if i not in forced and i + 1 not in forced)
+            if key in seen:
+                continue
+            seen.add(key)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        out.append(pytest.param(line, marks=marks, id=line[:80]))
     return out
 
 
@@ -157,19 +227,23 @@ def test_documented_node_configuration_runs_live(line):
     from vision_msgs.msg import Detection3DArray
 
     from livox_infer.ros import messages as ros_msgs
-    from livox_infer.ros.node import ros_arguments
+    from livox_infer.ros.node import custom_msg_class
 
-    args = _parse(line)
-    args.device, args.compile, args.threads = "cpu", False, 1
     name = unique("live_det")
-    argv = ros_arguments(args) + ["-p", f"diagnostics_period:={DIAG_PERIOD_S}", "-r", f"__node:={name}"]
+    argv = ros_argv_for(line) + ["-p", "device:=cpu", "-p", "use_compile:=false", "-p", "threads:=1",
+                                 "-p", f"diagnostics_period:={DIAG_PERIOD_S}", "-r", f"__node:={name}"]
+    if "input_type:=custom_msg" in argv and custom_msg_class() is None:
+        pytest.skip("input_type custom_msg needs the livox_ros_driver2 (or livox_interfaces) interface package")
     live = LiveNode(argv)
     try:
         node = live.node
+        assert (node._values["device"], node._values["use_compile"]) == ("cpu", False)
         sensors = node._assembler.rig.sensors if node._assembler is not None else []
         topics = [s.topic for s in sensors] or [node._values["input_topic"]]
         frames = {s.topic: s.name for s in sensors}  # a rig's clouds come in each sensor's own frame
-        pubs = {t: live.client.create_publisher(PointCloud2, t, 10) for t in topics}
+        custom = node._values["input_type"] == "custom_msg"
+        msg_type = custom_msg_class() if custom else PointCloud2
+        pubs = {t: live.client.create_publisher(msg_type, t, 10) for t in topics}
         odom_topic = node._values["odometry_topic"]
         odom_pub = live.client.create_publisher(Odometry, odom_topic, 50) if odom_topic else None
         dets, diags = [], []
@@ -193,10 +267,9 @@ def test_documented_node_configuration_runs_live(line):
                 odom.pose.pose.position.x = (stamp % 10**12) * 1e-9
                 odom.pose.pose.orientation.w = 1.0
                 odom_pub.publish(odom)
-            msg = _cloud_msg(stamp, "livox_frame", rng)
+            pts = _points(rng)
             for topic, pub in pubs.items():
-                msg.header.frame_id = frames.get(topic, "livox_frame")
-                pub.publish(msg)
+                pub.publish(_message(custom, pts, stamp, frames.get(topic, "livox_frame")))
             sent.append(stamp)
             time.sleep(0.1)
             if diag_at_first_detection is None and dets:
