@@ -27,6 +27,7 @@ MAX_FRAMES = 50
 MAX_WINDOW_MS = 5000.0
 POSE_MAX_GAP_NS = 200_000_000  # a pose farther than this from a cloud's stamp is not used (no extrapolation)
 MAX_FRAME_GAP_NS = 1_000_000_000  # a frame this much newer than the last one: the stream stalled, the stack restarts
+MAX_POSE_OFFSET_M = 1e8  # beyond any odom / map / UTM / ECEF coordinate; larger ones overflow the stacked float32 cloud
 
 
 def check_window(frames: object, window_ms: object, source: str = "accumulation") -> tuple[int, float]:
@@ -63,8 +64,8 @@ def _rotation(rotvec: np.ndarray) -> np.ndarray:
 
 def pose_matrix(position: tuple[float, float, float], quaternion_xyzw: tuple[float, float, float, float]) -> np.ndarray:
     """4x4 pose from a position and a unit quaternion (x, y, z, w), as in geometry_msgs/Pose."""
-    if not all(math.isfinite(float(v)) for v in position):
-        raise ConfigError(f"pose position is not finite: {tuple(position)!r}")
+    if not all(math.isfinite(float(v)) and abs(float(v)) <= MAX_POSE_OFFSET_M for v in position):
+        raise ConfigError(f"pose position is not finite or beyond +-{MAX_POSE_OFFSET_M:g} m: {tuple(position)!r}")
     x, y, z, w = (float(v) for v in quaternion_xyzw)
     n = math.sqrt(x * x + y * y + z * z + w * w)
     if not math.isfinite(n) or n < 1e-9:

@@ -208,10 +208,11 @@ def test_a_stalled_stream_restarts_the_stack_instead_of_stacking_stale_frames():
     assert len(acc.add(wall_scan(0.0, 1000, n=10, seed=1))) == 20 and acc.gap_resets == 0  # 1 s: still stacked
 
 
-@pytest.mark.parametrize("position", [(float("nan"), 0.0, 0.0), (0.0, float("inf"), 0.0), (0.0, 0.0, -float("inf"))])
+@pytest.mark.parametrize("position", [(float("nan"), 0.0, 0.0), (0.0, float("inf"), 0.0), (0.0, 0.0, -float("inf")),
+                                      (1e308, 0.0, 0.0)])
 def test_a_non_finite_odometry_position_is_refused(position):
     # issue 30: only the quaternion was checked; a NaN position left 0 usable points in the stacked cloud
-    with pytest.raises(ConfigError, match="position is not finite"):
+    with pytest.raises(ConfigError, match="position is not finite or beyond"):
         pose_matrix(position, (0.0, 0.0, 0.0, 1.0))
 
 
