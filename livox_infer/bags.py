@@ -200,8 +200,13 @@ def _open_reader(path: str | Path) -> Any:
     except PointCloudError:
         raise
     except Exception as exc:  # rosbags / sqlite3 / mcap / yaml errors on a damaged bag
-        raise PointCloudError(f"cannot open bag {path}: {type(exc).__name__}: {exc}") from None
+        raise PointCloudError(f"cannot open bag {path}: {type(exc).__name__}: {one_line(exc)}") from None
     return reader
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line (YAML and sqlite errors span several, with a caret drawing)."""
+    return " ".join(str(exc).split())
 
 
 def _messages(reader: Any, connections: Sequence[Any], path: Path) -> Iterator[tuple[Any, int, Any]]:
@@ -212,7 +217,7 @@ def _messages(reader: Any, connections: Sequence[Any], path: Path) -> Iterator[t
     except PointCloudError:
         raise
     except Exception as exc:
-        raise PointCloudError(f"cannot read messages from bag {path}: {type(exc).__name__}: {exc}") from None
+        raise PointCloudError(f"cannot read messages from bag {path}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
 def _select(reader: Any, topic: str | Iterable[str] | None, wanted: Sequence[str], path: Path) -> list[Any]:

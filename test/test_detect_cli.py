@@ -156,3 +156,16 @@ def test_a_wrong_input_or_output_folder_is_one_line_before_the_pipeline_is_built
         assert run(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"folder {tmp_path / 'no'} does not exist" in err[0] and flag in err[0], err
+
+
+def test_a_bag_that_does_not_open_is_one_line_before_the_pipeline_is_built(tmp_path, capsys, monkeypatch):
+    """Issue 30: a damaged metadata.yaml gave a 4-line message, after the pipeline build."""
+    from livox_infer.tools import detect as detect_tool
+
+    monkeypatch.setattr(detect_tool, "build_pipeline", lambda *a, **k: pytest.fail("built before the check"))
+    bag = tmp_path / "drive"
+    bag.mkdir()
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information: [\n")
+    assert run([str(bag), "--out", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"livox-infer detect: cannot open bag {bag}: "), err

@@ -216,3 +216,14 @@ def test_one_corrupt_message_keeps_the_good_frames_of_a_recording(small_model, t
     assert "message 1" in row["first_bad_message"] and "cannot deserialize PointCloud2" in row["first_bad_message"]
     assert [r["stamp"] for r in rows(out / "drive.jsonl")] == [1000, 1002, 1003]
     assert "kept the good frames of drive: 1 bad messages skipped" in capsys.readouterr().err
+
+
+def test_a_manifest_line_cut_by_a_killed_run_costs_only_its_own_job(tmp_path):
+    """Issue 30: the next row was appended to the cut line, so that job's row was unreadable too (one more redo)."""
+    path = tmp_path / fleet.MANIFEST_NAME
+    path.write_text(json.dumps({"name": "a", "status": "ok"}) + "\n" + '{"name": "b", "sta')  # killed mid-line
+    m = fleet.Manifest(path)
+    assert m.unreadable == 1 and set(m.last) == {"a"}
+    m.append({"name": "c", "status": "ok"})
+    again = fleet.Manifest(path)
+    assert again.unreadable == 1 and set(again.last) == {"a", "c"}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from livox_infer.bags import one_line
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.threads import add_threads_argument
 
@@ -104,7 +105,7 @@ def _open_reader(path: Path):
         reader = Reader(path)
         reader.open()
     except Exception as exc:  # rosbags raises its own error types for broken metadata / storage
-        raise BagError(f"cannot open bag {path}: {exc}") from None
+        raise BagError(f"cannot open bag {path}: {one_line(exc)}") from None
     return reader
 
 
@@ -171,7 +172,7 @@ class BagReplayer:
                 for conn, t_ns, raw in reader.messages(connections=conns):
                     yield conn.topic, t_ns, raw
             except Exception as exc:  # noqa: BLE001 - a damaged bag (e.g. an mcap chunk checksum mismatch)
-                raise BagError(f"cannot read messages from bag {self.bag}: {type(exc).__name__}: {exc}") from None
+                raise BagError(f"cannot read messages from bag {self.bag}: {type(exc).__name__}: {one_line(exc)}") from None
         finally:
             reader.close()
 

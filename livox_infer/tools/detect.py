@@ -79,9 +79,15 @@ def add_rig_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_paths(args: argparse.Namespace) -> None:
     """Every input exists and every output's folder does (PointCloudError / ConfigError, one line)."""
+    from livox_infer.tools.detect_io import is_bag
+
     for name in args.input:
         if not Path(name).exists():
             raise PointCloudError(f"input not found: {name}")
+        if is_bag(Path(name)):  # a bag that does not open (damaged metadata, unknown version): before the build too
+            from livox_infer.bags import bag_info
+
+            bag_info(name)
     for flag, value in (("--out", args.out), ("--out-bag", args.out_bag)):  # --bev-dir is created
         if not value or value == "-":
             continue

@@ -316,8 +316,15 @@ class Manifest:
                 and (not settings.annotated_bags or annotated_path(settings, job).is_dir()))
 
     def append(self, row: dict[str, Any]) -> None:
+        # a line cut short by a killed run has no newline: end it first, or this row would be glued to it and be
+        # unreadable too (its job redone once more)
+        cut = False
+        if self.path.is_file() and self.path.stat().st_size:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                cut = f.read(1) != b"\n"
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(("\n" if cut else "") + json.dumps(row) + "\n")
         self.last[row["name"]] = row
 
 
