@@ -203,3 +203,26 @@ def test_npy_point_files(tmp_path):
     np.save(tmp_path / "obj.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(PointCloudError, match="cannot read"):
         read_points_file(tmp_path / "obj.npy")
+
+
+def test_a_point_file_without_intensity_is_warned_about_once(tmp_path, caplog, monkeypatch):
+    """Issue 30: a .pcd without an intensity field was read with intensity 0 for every point, silently."""
+    import logging
+
+    from livox_infer.decode import pointfiles
+
+    monkeypatch.setattr(pointfiles, "_warned_no_intensity", False)
+    for i in range(2):
+        (tmp_path / f"xyz{i}.pcd").write_text("VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1\n"
+                                               "WIDTH 2\nHEIGHT 1\nPOINTS 2\nDATA ascii\n1 2 3\n4 5 6\n")
+    with caplog.at_level(logging.WARNING, logger="livox_infer.pointfiles"):
+        pts = pointfiles.read_pcd(tmp_path / "xyz0.pcd")
+        pointfiles.read_pcd(tmp_path / "xyz1.pcd")
+    assert pts.shape == (2, 4) and not pts[:, 3].any()
+    warned = [r.getMessage() for r in caplog.records if r.name == "livox_infer.pointfiles"]
+    assert len(warned) == 1 and "xyz0.pcd has no intensity (fields x, y, z" in warned[0]
+    monkeypatch.setattr(pointfiles, "_warned_no_intensity", False)
+    with caplog.at_level(logging.WARNING, logger="livox_infer.pointfiles"):
+        pointfiles.write_pcd(tmp_path / "ok.pcd", np.ones((3, 4), np.float32))
+        pointfiles.read_pcd(tmp_path / "ok.pcd")
+    assert len([r for r in caplog.records if r.name == "livox_infer.pointfiles"]) == 1  # none for a file with one

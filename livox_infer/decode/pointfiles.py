@@ -11,6 +11,7 @@ Python (no extra dependency).
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +171,26 @@ def _pcd_layout(header: dict[str, list[str]], path: Path) -> tuple[list[tuple[st
     return layout, points
 
 
-def _columns_to_points(columns: dict[str, np.ndarray], n: int) -> np.ndarray:
+_warned_no_intensity = False
+
+
+def warn_no_intensity(path: Path, what: str) -> None:
+    """Say once per process that a point file has no intensity: the detector then sees 0 for every point (its
+    reflectivity channel carries nothing; boxes are worse than on the sensor's own clouds)."""
+    global _warned_no_intensity
+    if not _warned_no_intensity:
+        _warned_no_intensity = True
+        logging.getLogger("livox_infer.pointfiles").warning(
+            "warning: %s has no intensity (%s): every point gets intensity 0, which the detector was not trained "
+            "on; said once, later files may lack it too", path, what)
+
+
+def _columns_to_points(columns: dict[str, np.ndarray], n: int, path: Path) -> np.ndarray:
     out = np.empty((n, 4), dtype=np.float32)
     out[:, 0], out[:, 1], out[:, 2] = columns["x"], columns["y"], columns["z"]
     name = next((f for f in PCD_INTENSITY_FIELDS if f in columns), None)
+    if name is None:
+        warn_no_intensity(path, f"fields {', '.join(columns)}; none of {', '.join(PCD_INTENSITY_FIELDS)}")
     out[:, 3] = 0.0 if name is None else (columns[name] if columns[name].ndim == 1 else columns[name][:, 0])
     return out
 
@@ -191,7 +208,7 @@ def read_pcd(path: str | Path) -> np.ndarray:
         if len(body) < n * record.itemsize:
             raise PointCloudError(f"{path}: binary PCD holds {len(body)} bytes, {n} points need {n * record.itemsize}")
         rec = np.frombuffer(body, dtype=record, count=n)
-        return _columns_to_points({name: rec[name] for name, _, _ in layout}, n)
+        return _columns_to_points({name: rec[name] for name, _, _ in layout}, n, path)
     if mode == "binary_compressed":
         if len(body) < 8:
             raise PointCloudError(f"{path}: binary_compressed PCD lacks its size words")
@@ -205,7 +222,7 @@ def read_pcd(path: str | Path) -> np.ndarray:
             col = np.frombuffer(raw, dtype=dt, count=n * c, offset=pos)
             columns[name] = col if c == 1 else col.reshape(n, c)
             pos += size
-        return _columns_to_points(columns, n)
+        return _columns_to_points(columns, n, path)
     if mode == "ascii":
         text = bytes(body).decode("ascii", errors="replace")
         width = sum(c for _, _, c in layout)
@@ -220,7 +237,7 @@ def read_pcd(path: str | Path) -> np.ndarray:
         for name, _, c in layout:
             columns[name] = values[:, col] if c == 1 else values[:, col:col + c]
             col += c
-        return _columns_to_points(columns, n)
+        return _columns_to_points(columns, n, path)
     raise PointCloudError(f"{path}: unsupported PCD DATA mode {mode!r} (expected one of {PCD_DATA_MODES})")
 
 
@@ -278,6 +295,8 @@ def read_npy(path: str | Path) -> np.ndarray:
         raise PointCloudError(f"cannot read {path}: {exc}") from None
     if arr.ndim != 2 or arr.shape[1] < 3 or arr.dtype.kind not in "fiu":
         raise PointCloudError(f"{path}: expected a numeric (N, 3|4) array, got {arr.dtype} {arr.shape}")
+    if arr.shape[1] == 3:
+        warn_no_intensity(path, "an (N, 3) array")
     return _as_points(arr[:, :4])
 
 
