@@ -85,3 +85,14 @@ def test_outcomes_match_as_ap_does_and_leave_ignored_out():
     ops = operating_points(res, {"car": 0.75}, {"car": 1})
     assert ops["car"]["detections"] == 2 and ops["car"]["precision"] == 0.5 and ops["car"]["recall"] == 1.0
     assert "ECE" in reliability_table(res, "t")
+
+
+def test_best_f1_threshold():
+    from livox_infer.evaluation.calibration import best_f1_threshold
+
+    s = np.array([0.9, 0.8, 0.7, 0.3, 0.2])
+    r = np.array([True, True, True, False, False])
+    b = best_f1_threshold(s, r, num_gt=4)
+    assert b["threshold"] in (0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7) and b["precision"] == 1.0 and b["recall"] == 0.75
+    assert b["threshold"] == 0.35  # the lowest threshold reaching the best F1
+    assert math.isnan(best_f1_threshold(s, r, num_gt=0)["threshold"])

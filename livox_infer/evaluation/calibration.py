@@ -129,3 +129,21 @@ def operating_points(res: dict[str, tuple[np.ndarray, np.ndarray]], thresholds: 
         out[c] = {"threshold": float(t), "detections": n, "precision": tp / n if n else math.nan,
                   "recall": tp / num_gt[c] if num_gt.get(c) else math.nan}
     return out
+
+
+def best_f1_threshold(scores: np.ndarray, right: np.ndarray, num_gt: int, step: float = 0.05) -> dict[str, float]:
+    """The threshold (a multiple of ``step``) whose kept detections have the best F1 against ``num_gt`` objects,
+    with that precision and recall: the operating point the model config's thresholds are set to."""
+    best = {"threshold": math.nan, "f1": -1.0, "precision": math.nan, "recall": math.nan}
+    if not num_gt:
+        return best
+    for t in np.arange(step, 1.0, step):
+        keep = scores >= t
+        tp = int(right[keep].sum())
+        if not keep.any():
+            break
+        prec, rec = tp / int(keep.sum()), tp / num_gt
+        f1 = 2 * prec * rec / (prec + rec) if tp else 0.0
+        if f1 > best["f1"] + 1e-9:
+            best = {"threshold": round(float(t), 2), "f1": f1, "precision": prec, "recall": rec}
+    return best

@@ -477,7 +477,8 @@ def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cf
     import yaml
 
     from livox_infer.evaluation.calibration import (
-        compose, expected_calibration_error, fit_knots, operating_points, outcomes, reliability, reliability_table,
+        best_f1_threshold, compose, expected_calibration_error, fit_knots, operating_points, outcomes, reliability,
+        reliability_table,
     )
 
     in_view = _in_view(views, dets, args.fov, args.max_range)
@@ -496,7 +497,11 @@ def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cf
         print(f"{c:<11} threshold {o['threshold']:.2f}: {o['detections']} detections, precision {o['precision']:.2f}, "
               f"recall {o['recall']:.2f}; AP " + ", ".join(f"{k} {aps[k]:.3f}" for k in ("bev@0.5", "bev@0.25", "bev@0.7")
                                                          if k in aps))
-    out = {"bins": {c: reliability(*r) for c, r in res.items()},
+    best = {c: best_f1_threshold(*res[c], pooled.num_gt.get(c, 0)) for c in cfg.classes}
+    print("best-F1 thresholds on these detections: " + ", ".join(
+        f"{c} {b['threshold']:.2f} (precision {b['precision']:.2f}, recall {b['recall']:.2f})" for c, b in best.items()
+        if b["f1"] >= 0))
+    out = {"best_f1": best, "bins": {c: reliability(*r) for c, r in res.items()},
            "ece": {c: expected_calibration_error(*r) for c, r in res.items()},
            "operating": ops, "ap_at_operating": at_op.ap}
     if args.fit_calibration:
