@@ -118,8 +118,8 @@ PARAMS: tuple[Param, ...] = (
     Param("roi_z_min", "double", -3.0, "Region of interest z min (m, sensor frame, z up).", range=(-50.0, 50.0)),
     Param("roi_z_max", "double", 3.0, "Region of interest z max (m, sensor frame).", range=(-50.0, 50.0)),
     Param("bev_extent", "double[]", None, "Detection grid [x_min, x_max, y_min, y_max] (m, multiples of the model's "
-          "coarsest cell, 3.2 m for lite): the same weights on a grid that fits the sensor; unset = the model's "
-          "grid (docs/rigs.md).", applies=REBUILD),
+          "coarsest cell, 3.2 m for lite; at most 1024 x 1024 cells): the same weights on a grid that fits the "
+          "sensor; unset = the model's grid (docs/rigs.md).", applies=REBUILD),
     Param("max_range", "double", 90.0, "Drop points farther than this from the sensor (m).", range=(0.5, 1000.0)),
     Param("max_points", "int", DEFAULT_MAX_POINTS, "Point budget per cloud (after the filters): a larger cloud is "
           "thinned evenly to this many points (counted as frames_over_budget, warned).", range=MAX_POINTS_RANGE),
