@@ -37,7 +37,8 @@ pytestmark = pytest.mark.ros
 REPO = Path(__file__).resolve().parent.parent
 DIAG_PERIOD_S = 0.3
 MIN_DIAG_TICKS = 4  # diagnostics ticks the node must survive after its first detection
-# documented lines that need something a test cannot afford to build, with the reason (must match a line)
+# documented lines that need something a test cannot afford to build, with the reason (must match a line); such
+# a line runs when the file it names is there (e.g. after `livox-infer export` into the repository root)
 NEEDS_ARTEFACT = {
     "aoti_package:=": "an AOTInductor package from `livox-infer export` (minutes of C++ compilation); "
                       "the AOTI runner is tested in test_export.py",
@@ -203,9 +204,10 @@ def _cases():
     sensor:=horizon` and `livox-infer run --sensor horizon`, run once)."""
     out, seen = [], set()
     for line in documented_lines():
-        reason = next((f"needs {why}" for key, why in NEEDS_ARTEFACT.items() if key in line), None)
-        if reason is None and _missing_file(line):
-            reason = f"names {_missing_file(line)}, a placeholder that is not a file here"
+        missing = _missing_file(line)
+        reason = None if missing is None else next(
+            (f"needs {why}: {missing} is not here" for key, why in NEEDS_ARTEFACT.items() if key in line),
+            f"names {missing}, a placeholder that is not a file here")
         if reason is None:
             argv = ros_argv_for(line)[1:]
             forced = {i for i in range(1, len(argv)) if argv[i - 1] == "-p"
