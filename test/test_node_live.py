@@ -286,6 +286,8 @@ def test_documented_node_configuration_runs_live(line):
         values = {kv.key: kv.value for kv in diags[-1].values}
         assert values["frames_failed"] == "0" and values["frames_rejected"] == "0", values
         assert int(values["frames_processed"]) >= 1
+        if node._values["aoti_package"]:
+            assert "aoti" in values["backend"], values["backend"]  # the package runs, not a fallback
         if node._assembler is not None:
             assert int(values["merged_frames"]) >= 1
             if len(topics) > 1:
