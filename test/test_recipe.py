@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from livox_infer.detector import ModelConfig, build_model, load_weights
 from livox_infer.errors import ConfigError
+from conftest import REPO
 from livox_infer.resources import share_dir
 from livox_infer.training import cli as train_cli
 from livox_infer.training import recipe as recipe_mod
@@ -47,7 +48,7 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage9", "stage9-refine", "stage10-refine"] and len(names) == 14
+    assert names[0] == "stage1" and names[-3:] == ["stage10-refine", "stage11-real", "stage11-refine"] and len(names) == 16
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -125,6 +126,15 @@ def _recipe_fields(options):
     return {k: v for k, v in json.loads(options.to_json()).items() if k not in NOT_RECIPE}
 
 
+def test_stage11_dataset_is_the_command_that_made_its_shards(tmp_path):
+    r = load_recipe(RECIPE)
+    ours = recipe_mod.dataset_options(r, r.datasets["R1"], tmp_path, Runtime())
+    want = _cli_options("--data-only --train-frames 1000 --val-frames 100 --seed 401 "
+                        "--sensors hdl64,vlp32,os64,mid40,mid70,tele15,horizon,avia --sim-option ego_speed=[0,15] "
+                        "--sim-option yaw_rate_dps=[-15,15] --sim-option sensor_height=[1.0,2.2] --sim-option clutter=1.5")
+    assert _recipe_fields(ours) == _recipe_fields(want)
+
+
 def test_stage9_datasets_are_the_commands_that_made_the_shipped_weights(tmp_path):
     r = load_recipe(RECIPE)
     for name, flags in STAGE9_DATA.items():
@@ -163,6 +173,32 @@ def test_stage10_is_the_command_that_made_the_shipped_weights(tmp_path):
     assert _recipe_fields(ours) == _recipe_fields(_cli_options(STAGE10_TRAIN["stage10-refine"]))
     assert ours.model_config().use_intensity and stage.init == "stage9-refine"
     assert [p.dataset for p in stage.train] == ["S1", "S2", "S3", "S4"] and all(p.frames is None for p in stage.train)
+
+
+# stage 11 (2026-12-03): the commands of the shipped run (docs/training.md, "Real labelled scans in training"); the
+# same commands with --real-sources kitti / av2 made models/cv/lite.trained-on-*.safetensors
+STAGE11_TRAIN = {
+    "stage11-real": "--stage detector --train-frames 1000 --val-frames 100 --steps 1000 --val-every 500 --lr 5e-4 "
+                    "--seed 611 --real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 --fov-crop 0.3",
+    "stage11-refine": "--stage refine --train-frames 1000 --val-frames 100 --steps 1500 --val-every 750 --lr 4e-4 "
+                      "--seed 621 --real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 "
+                      "--fov-crop 0.3",
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE11_TRAIN))
+def test_stage11_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+    r = load_recipe(RECIPE)
+    ours = recipe_mod.stage_options(r, r.stage(stage), tmp_path, None, Runtime())
+    want = _cli_options(STAGE11_TRAIN[stage])
+    mine, theirs = _recipe_fields(ours), _recipe_fields(want)
+    assert Path(mine["real"].pop("root")).resolve() == (REPO.parent / "shared" / "data" / "real_dev").resolve()
+    theirs["real"].pop("root")
+    mine.pop("select"), theirs.pop("select")  # the runs kept every checkpoint and the last was taken (select: last)
+    assert mine == theirs
+    assert not ours.model_config().use_intensity  # the inference config, as `--model lite` trained it
+    assert r.stage(stage).init == {"stage11-real": "stage10-refine", "stage11-refine": "stage11-real"}[stage]
+    assert [p.dataset for p in r.stage(stage).train] == ["R1"]
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
@@ -264,11 +300,15 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     dst.write_bytes(src.read_bytes())
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
-    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage9", "stage9-refine"]
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage11-real", "stage11-refine",
+                                                                        "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
-    args = json.loads(_meta(final)["train_args"])
+    args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
     assert args["init"] == str(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine"))) and args["stage"] == "refine"
+    # stage 11 trained on the real scans of both folds, and its weights say so (eval --cross-validate reads it)
+    assert _meta(final)["real_sources"] == "av2,kitti"
+    assert json.loads(_meta(final)["train_args"])["real"]["sources"] == ["kitti", "av2"]
 
 
 # the commits that shipped each stage's weights; every weights file records the arguments of the run that made it
