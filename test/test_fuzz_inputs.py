@@ -189,3 +189,31 @@ def test_archives_with_damaged_messages_keep_every_good_frame(tmp_path):
         good = [1000 + i for i in range(n) if i not in bad_at]
         assert set(good) <= set(got), (case, got, bad)  # every intact message is kept
         assert len(got) + len(bad) == n  # each damaged one is either decoded as it is or counted
+
+
+@pytest.mark.parametrize("kind", ["str", "none", "int", "list", "object array", "strided", "float array", "2d"])
+def test_decoders_take_any_buffer_or_raise_a_typed_error(kind):
+    """Issue 30: two duck-typed inputs still raised untyped errors: a CustomMsg given as something that is not a
+    byte buffer (TypeError) or as a strided numpy view (ValueError), and PointCloud2 data as a strided view."""
+    from dataclasses import replace
+
+    from livox_infer.decode.custom_msg import decode_custom_msg_cdr, encode_custom_msg_cdr
+    from livox_infer.decode.pointcloud import decode_pointcloud2, encode_pointcloud2
+
+    pts = scene_points(seed=3)[:50]
+    raw = np.frombuffer(encode_custom_msg_cdr(pts, stamp_ns=1, frame_id="f"), np.uint8)
+    cloud = encode_pointcloud2(pts, "xyzi", stamp_ns=1, frame_id="f")
+    data = np.frombuffer(cloud.data, np.uint8)
+    odd = {"str": lambda b: "abc", "none": lambda b: None, "int": lambda b: 5, "list": lambda b: list(b),
+           "object array": lambda b: b.astype(object), "strided": lambda b: np.repeat(b, 2)[::2],
+           "float array": lambda b: b.astype(np.float32), "2d": lambda b: b.reshape(1, -1)}[kind]
+    for decode, value in ((decode_custom_msg_cdr, odd(raw)), (lambda d: decode_pointcloud2(replace(cloud, data=d)),
+                                                             odd(data))):
+        try:
+            out = decode(value)
+        except LivoxInferError:
+            continue
+        if kind in ("strided", "2d"):  # the same bytes, so the same points
+            assert len(out.points) == len(pts)
+        else:
+            pytest.fail(f"{kind} decoded: {out!r}")

@@ -79,7 +79,12 @@ class CustomMsgData:
 
 def decode_custom_msg_cdr(raw: bytes | memoryview | np.ndarray, what: str = "CustomMsg") -> CustomMsgData:
     """Parse the CDR bytes of a Livox CustomMsg (either package) without per-point Python work."""
-    raw = memoryview(np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, np.ndarray) else raw).cast("B")
+    try:
+        raw = memoryview(np.frombuffer(np.ascontiguousarray(raw), dtype=np.uint8) if isinstance(raw, np.ndarray)
+                         else raw).cast("B")
+    except (TypeError, ValueError, BufferError) as exc:  # not a byte buffer (str, None, a list, an object array)
+        raise PointCloudError(f"{what}: expected the serialized message (bytes, bytearray, memoryview or a numpy "
+                              f"array), got {type(raw).__name__}: {exc}") from None
     if len(raw) < 4 or bytes(raw[:2]) != _CDR_LE_HEADER[:2]:
         raise PointCloudError(f"{what}: not a little-endian CDR payload (header {bytes(raw[:4])!r})")
     cur = _Cursor(raw[4:], what)

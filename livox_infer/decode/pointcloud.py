@@ -284,7 +284,7 @@ def _as_bytes_buffer(data: Any) -> np.ndarray:
     if isinstance(data, np.ndarray):
         if data.dtype != np.uint8:
             raise PointCloudError(f"PointCloud2.data must hold uint8, got numpy dtype {data.dtype}")
-        return data.reshape(-1)
+        return np.ascontiguousarray(data).reshape(-1)  # a strided view (data[::2]) is copied, not refused untyped
     try:
         view = memoryview(data)
         if view.itemsize != 1:
