@@ -361,6 +361,28 @@ def check_values(values: Mapping[str, Any], source: str, model: Any = None) -> N
             raise ConfigError(f"{source}: {reason}")
 
 
+def _yaml_loader():
+    """yaml.SafeLoader that also reads 1e-3 / 1.0e2 as numbers, as ROS's parameter parser does (PyYAML's YAML 1.1
+    rules take them for strings, which would refuse max_range: 1e2)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789."))
+    return Loader
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+
+
 def _yaml_error_line(exc: Exception) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -392,7 +414,7 @@ def read_params_file(path: Any, node_fqn: str = "/livox_detector") -> dict[str, 
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read parameter file {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"parameter file {path} is not valid YAML ({_yaml_error_line(exc)})") from None
     form = "a ROS 2 parameter file is '<node name or /**>: {ros__parameters: {name: value, ...}}'"
@@ -446,7 +468,7 @@ def check_ros_arguments(argv: list[str]) -> None:
             name, text = nxt.split(":=", 1)
             if ":" not in name:
                 try:
-                    overrides[name] = yaml.safe_load(text) if text.strip() else text
+                    overrides[name] = _load_yaml(text) if text.strip() else text
                 except yaml.YAMLError:
                     overrides[name] = text
         elif arg in ("-r", "--remap") and nxt.startswith(("__node:=", "__name:=")):

@@ -131,3 +131,10 @@ def test_the_node_itself_refuses_an_undeclared_override(ros):
     with pytest.raises(ConfigError, match="unknown parameter 'max_rnge'"):
         DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("det"), context=ros.context,
                      parameter_overrides=[Parameter("max_rnge", value=1.0)])
+
+
+def test_numbers_in_scientific_notation_are_numbers_as_for_ros(tmp_path):
+    """ROS's parameter parser reads max_range: 1e2 as a double; PyYAML's YAML 1.1 rules would say string."""
+    check_ros_arguments(["x", "--ros-args", "-p", "max_range:=1e2", "--params-file",
+                         _file(tmp_path, "intensity_scale: 2.55e2")])
+    assert read_params_file(_file(tmp_path, "max_range: 1.2e2"))["max_range"] == 120.0
