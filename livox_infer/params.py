@@ -327,6 +327,9 @@ def check_value(param: Param, value: Any) -> str | None:
     Integers are taken for doubles (``max_range: 100``, ``bev_extent: [0, 80, -40, 40]``), as the node does."""
     if value is None:
         return f"{param.name} has no value (write one, or leave the line out for the default)"
+    if param.type == "string" and isinstance(value, bool):  # YAML (and ROS's parser) read off / on / yes / no so
+        return (f"{param.name} must be a string, got {value!r}: YAML reads off, on, yes and no as booleans; quote "
+                f"the word ({param.name}: 'off', -p \"{param.name}:='off'\")")
     if param.type.endswith("[]"):
         if not isinstance(value, (list, tuple)):
             return f"{param.name} must be a list, got {value!r}"

@@ -138,3 +138,11 @@ def test_numbers_in_scientific_notation_are_numbers_as_for_ros(tmp_path):
     check_ros_arguments(["x", "--ros-args", "-p", "max_range:=1e2", "--params-file",
                          _file(tmp_path, "intensity_scale: 2.55e2")])
     assert read_params_file(_file(tmp_path, "max_range: 1.2e2"))["max_range"] == 120.0
+
+
+def test_a_yaml_boolean_word_for_a_string_parameter_says_to_quote_it():
+    """tag_filter:=off reaches ROS as the boolean false (rclpy: 'expecting type STRING'); the check says why."""
+    with pytest.raises(ConfigError, match=r"tag_filter must be a string, got False: YAML reads off, on, yes and no "
+                                          r"as booleans; quote the word"):
+        check_ros_arguments(["x", "--ros-args", "-p", "tag_filter:=off"])
+    check_ros_arguments(["x", "--ros-args", "-p", "tag_filter:='off'"])
