@@ -14,9 +14,8 @@ from livox_infer.errors import ConfigError
 from livox_infer.evaluation.metrics import FrameBoxes
 from livox_infer.evaluation.real import cross_validated_detections, load_real_dir, parse_cross_validate
 from livox_infer.training.losses import focal_loss
-from livox_infer.training.real_frames import (
-    RealTrainingSpec, load_real_training_frames, trained_real_sources, training_labels,
-)
+from livox_infer.detector.weights import trained_real_sources
+from livox_infer.training.real_frames import RealTrainingSpec, load_real_training_frames, training_labels
 from livox_infer.training.targets import build_targets, ignore_mask
 from livox_infer.training.train import BatchStream, Frame, TrainOptions, fov_crop
 

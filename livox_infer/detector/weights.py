@@ -241,3 +241,20 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
         grown.append(k)
     model.load_state_dict(state)
     return grown
+
+
+def trained_real_sources(metadata: dict[str, str]) -> tuple[str, ...]:
+    """The real sources a weights file was trained on, from its metadata (``train_args`` JSON; also the
+    ``real_sources`` key a recipe writes); () for simulator-only weights."""
+    found: set[str] = set()
+    raw = metadata.get("real_sources")
+    if raw:
+        found.update(s for s in str(raw).split(",") if s)
+    try:
+        args = json.loads(metadata.get("train_args", "{}") or "{}")
+    except json.JSONDecodeError:
+        args = {}
+    real = args.get("real") if isinstance(args, dict) else None
+    if isinstance(real, dict):
+        found.update(real.get("sources") or ())
+    return tuple(sorted(found))

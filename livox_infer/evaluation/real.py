@@ -365,7 +365,7 @@ def seen_sources(weights: str | Path | None) -> tuple[str, ...]:
     if not weights:
         return ()
     from livox_infer.detector.weights import read_metadata
-    from livox_infer.training.real_frames import trained_real_sources
+    from livox_infer.detector.weights import trained_real_sources
 
     try:
         return trained_real_sources(read_metadata(weights))

@@ -32,6 +32,7 @@ from livox_infer.decode.pointfiles import read_points_file
 from livox_infer.errors import ConfigError
 from livox_infer.evaluation.real import IGNORE_AS, POINT_SUFFIXES, labelled_fov, source_of, turn
 from livox_infer.ground import Mount, estimate_mount
+from livox_infer.training.frame import Frame
 
 REAL_SOURCES = ("kitti", "av2")  # the folds: fold K = kitti (incl. kitti_000134), fold A = av2
 PROXY_SENSOR = {"kitti": "hdl64", "av2": "vlp32"}  # simulator proxy with the same scan pattern (pasting)
@@ -99,8 +100,6 @@ def load_real_training_frames(spec: RealTrainingSpec, classes: Sequence[str], cr
                               headings_360: Sequence[float] = HEADINGS_360):
     """Training frames (`train.Frame`) of the real scans in ``spec.root`` whose source is in ``spec.sources``.
     ``crop(points) -> points``: the training crop (grid + margin)."""
-    from livox_infer.training.train import Frame
-
     spec.check()
     root = Path(spec.root)
     labels = _load_json(root / "labels.json")
@@ -137,20 +136,3 @@ def load_real_training_frames(spec: RealTrainingSpec, classes: Sequence[str], cr
     if not frames:
         raise ConfigError(f"{root}: no labelled frame of source(s) {', '.join(spec.sources)}")
     return frames
-
-
-def trained_real_sources(metadata: dict) -> tuple[str, ...]:
-    """The real sources a weights file was trained on, from its metadata (``train_args`` JSON; also the
-    ``real_sources`` key a recipe writes); () for simulator-only weights."""
-    found: set[str] = set()
-    raw = metadata.get("real_sources")
-    if raw:
-        found.update(s for s in str(raw).split(",") if s)
-    try:
-        args = json.loads(metadata.get("train_args", "{}") or "{}")
-    except json.JSONDecodeError:
-        args = {}
-    real = args.get("real") if isinstance(args, dict) else None
-    if isinstance(real, dict):
-        found.update(real.get("sources") or ())
-    return tuple(sorted(found))

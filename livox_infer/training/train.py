@@ -35,6 +35,7 @@ from livox_infer.detector.config import ModelConfig
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.options import parse_sim_options
 from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
+from livox_infer.training.frame import Frame
 from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
@@ -58,20 +59,6 @@ VAL_MIN_POINTS = 5  # as `livox-infer eval`'s default
 
 
 # --------------------------------------------------------------------------- dataset
-
-
-@dataclass
-class Frame:
-    points: np.ndarray  # (N, 4) f32, sensor frame, no-returns dropped, cropped to the grid + margin
-    boxes: np.ndarray  # (M, 7) f32 sensor frame
-    labels: np.ndarray  # (M,) int64
-    sensor_height: float  # metres to the ground plane
-    up: np.ndarray  # (3,) ground-plane normal in the sensor frame
-    sensor: str
-
-    @property
-    def mount(self) -> Mount:
-        return Mount(float(self.sensor_height), tuple(float(v) for v in self.up))
 
 
 def simulate_training_frame(sensor: str, seed: int, kind: str, **sim_options: Any) -> Frame:
@@ -733,7 +720,7 @@ def trained_real_sources_of(weights: str | Path | None) -> tuple[str, ...]:
         return ()
     from safetensors import safe_open
 
-    from livox_infer.training.real_frames import trained_real_sources
+    from livox_infer.detector.weights import trained_real_sources
 
     with safe_open(str(weights), framework="pt") as f:
         return trained_real_sources(f.metadata() or {})
