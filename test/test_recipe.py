@@ -48,7 +48,7 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage10-refine", "stage11-real", "stage11-refine"] and len(names) == 16
+    assert names[0] == "stage1" and names[-3:] == ["stage9-refine", "stage10-refine", "stage11-real"] and len(names) == 15
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -180,9 +180,6 @@ def test_stage10_is_the_command_that_made_the_shipped_weights(tmp_path):
 STAGE11_TRAIN = {
     "stage11-real": "--stage detector --train-frames 1000 --val-frames 100 --steps 1000 --val-every 500 --lr 5e-4 "
                     "--seed 611 --real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 --fov-crop 0.3",
-    "stage11-refine": "--stage refine --train-frames 1000 --val-frames 100 --steps 1500 --val-every 750 --lr 4e-4 "
-                      "--seed 621 --real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 "
-                      "--fov-crop 0.3",
 }
 
 
@@ -197,17 +194,19 @@ def test_stage11_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
     mine.pop("select"), theirs.pop("select")  # the runs kept every checkpoint and the last was taken (select: last)
     assert mine == theirs
     assert not ours.model_config().use_intensity  # the inference config, as `--model lite` trained it
-    assert r.stage(stage).init == {"stage11-real": "stage10-refine", "stage11-refine": "stage11-real"}[stage]
+    assert r.stage(stage).init == "stage10-refine"
     assert [p.dataset for p in r.stage(stage).train] == ["R1"]
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
-    """models/lite.safetensors holds the refiner run's own arguments: the recipe's last stage must match them."""
+    """models/lite.safetensors holds the stage-11 run's own arguments: the recipe's last stage must match them."""
     r = load_recipe(RECIPE)
     shipped = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
     last = r.stages[-1]
     ours = json.loads(recipe_mod.stage_options(r, last, Path("/x"), None, Runtime()).to_json())
-    assert shipped["stage"] == ours["stage"] == "refine"
+    assert shipped["stage"] == ours["stage"] == "detector"
+    assert shipped["real"]["sources"] == list(ours["real"]["sources"]) == ["kitti", "av2"]
+    assert shipped["real"]["share"] == ours["real"]["share"] and shipped["fov_crop"] == ours["fov_crop"]
     for key in ("seed", "lr", "batch", "val_every", "train_frames", "val_frames", "weight_decay", "paste_probability",
                 "neighbour_weight", "corner_weight", "refine_box_beta", "refine_train_passes", "precision"):
         assert shipped[key] == ours[key], key
@@ -300,8 +299,8 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     dst.write_bytes(src.read_bytes())
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
-    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage11-real", "stage11-refine",
-                                                                        "stage9", "stage9-refine"]
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage11-real", "stage9",
+                                                                        "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
