@@ -461,9 +461,9 @@ class DetectionPipeline:
         if self._stage2 is not None and p["refine"]:
             scores, labels, boxes = self._stage2.refine(levelled, scores, labels, boxes, self.grid.intensity_scale)
             self._sync()
+        t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
             scores = calibrate_scores(scores.float(), labels, self._calibration)
-        t_refine = time.perf_counter()
         scores, labels, boxes = select_detections(
             scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
             self.cfg.cross_class_iou,

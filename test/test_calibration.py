@@ -43,7 +43,7 @@ def test_pipeline_applies_the_calibration(tmp_path):
     (tmp_path / "cal.yaml").write_text(f"base: {base.source}\nname: cal\nweights: {base.weights_path()}\n"
                                        "score_calibration: {car: [[0, 0], [1, 0.5]]}\nscore_thresholds: 0.05\n")
     (tmp_path / "raw.yaml").write_text(f"base: {base.source}\nname: raw\nweights: {base.weights_path()}\n"
-                                       "score_thresholds: 0.1\n")
+                                       "score_calibration: null\nscore_thresholds: 0.1\n")  # lite's own calibration off
     assert read_config_dict(tmp_path / "cal.yaml")["grid"] == read_config_dict(base.source)["grid"]
     rng = np.random.default_rng(0)
     car = np.c_[rng.uniform(14, 18.5, 3000), rng.uniform(-1, 1, 3000), rng.uniform(-1.6, -0.3, 3000), np.zeros(3000)]

@@ -55,7 +55,7 @@ def test_preset_yaml_reaches_the_node_and_pipeline(ros, sensor):
     opts = factory.built[0].options
     assert opts["roi"] == (values["roi_x_min"], values["roi_y_min"], values["roi_z_min"],
                            values["roi_x_max"], values["roi_y_max"], values["roi_z_max"])
-    assert opts["score_thresholds"] == {"car": 0.45, "pedestrian": 0.4, "cyclist": 0.4}
+    assert opts["score_thresholds"] == {"car": 0.55, "pedestrian": 0.1, "cyclist": 0.45}  # models/lite.yaml
     assert opts["sensor_height"] == values["sensor_height"]
     assert opts["model"] == values["model"] and opts["max_range"] == values["max_range"]
     assert opts["bev_extent"] == tuple(values["bev_extent"])

@@ -27,7 +27,8 @@ OLD_COMMON = {
     "estimate_ground": False, "frame_id": "", "input_topic": "/livox/lidar", "input_type": "pointcloud2",
     "intensity_scale": 255.0, "latency_window": 300, "max_points": 200000, "model": "lite", "odometry_topic": "",
     "publish_markers": True, "refine": True, "rig": "", "roi_x_min": 0.0, "roi_z_min": -3.0,
-    "score_threshold_car": 0.45, "score_threshold_cyclist": 0.4, "score_threshold_pedestrian": 0.4,
+    # models/lite.yaml's operating thresholds (stage 11: best F1 on the cross-validated real detections)
+    "score_threshold_car": 0.55, "score_threshold_cyclist": 0.45, "score_threshold_pedestrian": 0.1,
     "sensor_height": 1.8, "tag_filter": "high_confidence", "test_time_flip": False, "threads": 1,
     "use_compile": True, "weights": "",
 }
