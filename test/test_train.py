@@ -4,6 +4,7 @@
 import argparse
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -438,3 +439,40 @@ def test_train_generates_shards_for_the_named_sensors(tmp_path):
     assert [f.sensor for f in frames[:4]] == ["hdl64", "avia", "hdl64", "avia"]
     bad = _train_args(tmp_path / "b", "lite", data_only=True, sensors="hdl64,nope")
     assert train_mod.main(bad) == 2
+
+
+@pytest.mark.slow  # a real `livox-infer train` process with a data worker, stopped by Ctrl-C: ~15 s
+def test_train_stops_on_ctrl_c_keeping_its_steps(tiny_dataset, tmp_path):
+    """SIGINT to the process group (what Ctrl-C in a terminal sends): exit 130 within seconds, one line saying at
+    which step and how to resume, a checkpoint of the finished steps, and no worker traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args, work = _fresh_run(tiny_dataset, tmp_path)
+    cmd = [sys.executable, "-m", "livox_infer.tools.cli", "train", "--config", str(args.config), "--work-dir", str(work),
+           "--out", str(tmp_path / "o.safetensors"), "--train-frames", "50", "--val-frames", "10", "--steps", "1000000",
+           "--batch", "2", "--val-every", "1000000", "--threads", "1", "--workers", "1", "--seed", "3"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 120
+        while not re.search(r"train \S+:\s+\d+%.*\| *[1-9]\d*/", log.read_text()):  # steps are being taken
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 130, text[-2000:]
+    assert "Traceback" not in text, text[-3000:]
+    m = re.search(r"interrupted at step (\d+) of 1000000: checkpoint (\S+) saved; the same command with --resume", text)
+    assert m and int(m.group(1)) >= 1, text[-2000:]
+    _, meta = _tensors(work / "checkpoint.safetensors")
+    assert int(meta["step"]) == int(m.group(1))

@@ -352,6 +352,14 @@ def val_score(v: dict[str, Any]) -> float:
 # --------------------------------------------------------------------------- checkpoints
 
 
+def _worker_ignores_sigint(_worker_id: int) -> None:
+    """Ctrl-C reaches the whole process group: the main process stops the data workers itself, so a worker must
+    not die on its own first (its traceback and a broken pipe were all a user saw)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def save_checkpoint(path: Path, net, opt, cfg: ModelConfig, step: int, best: float, args_json: str) -> None:
     """Model + AdamW state as safetensors (no pickle); scalars in the metadata."""
     from safetensors.torch import save_file
@@ -821,7 +829,8 @@ def train(opts: TrainOptions) -> TrainResult:
                          with_scene=refining, intensity=opts.intensity, sparse=opts.sparse,
                          frame_weights=frame_weights, fov_crop_share=opts.fov_crop)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=opts.workers,
-                                         prefetch_factor=4 if opts.workers else None)
+                                         prefetch_factor=4 if opts.workers else None,
+                                         worker_init_fn=_worker_ignores_sigint if opts.workers else None)
     history = []
     t_loop = time.time()
     budget_s = opts.time_budget * 60 if opts.time_budget else None
@@ -838,53 +847,62 @@ def train(opts: TrainOptions) -> TrainResult:
     ema = None
     step = start - 1
     progress = start / opts.steps
-    for step, bev, tgt, scene in bar:
-        progress = step / opts.steps
-        if budget_s:
-            progress = max(progress, (time.time() - t_loop) / budget_s)
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(progress, opts.lr)
-        bev = bev.to(device, non_blocking=True)
-        tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
-        if refining:
-            loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
-                                             opts.refine_train_passes or cfg.refine.passes)
-        else:
-            loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
-        opt.step()
-        ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
-        bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
-        done = step + 1
-        out_of_time = progress >= 1.0
-        if done % opts.val_every == 0 or done == end or out_of_time:
-            v = validate(net, cfg, val_frames, device, refine=refining)
+    completed = start  # steps whose optimizer update has finished: what an interrupt keeps
+    try:
+        for step, bev, tgt, scene in bar:
+            progress = step / opts.steps
+            if budget_s:
+                progress = max(progress, (time.time() - t_loop) / budget_s)
+            for grp in opt.param_groups:
+                grp["lr"] = lr_at(progress, opts.lr)
+            bev = bev.to(device, non_blocking=True)
+            tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
             if refining:
-                net.train(False)
-                net.refiner.train()
-            score = val_score(v)
-            ap = v["ap"]
-            log.info(
-                "step %d loss %s | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
-                done, " ".join(f"{k} {x:.3f}" for k, x in ema.items()), ap["car"]["bev@0.7"],
-                ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
-            )
-            history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
-            meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
-                    "train_args": args_json, "real_sources": ",".join(real_sources)}
-            if score > best or opts.select == "last":
-                best = max(best, score)
-                save_weights(net, cfg, out, extra=meta)
-                log.info("saved %s weights to %s", opts.select, out)
-            if opts.keep_checkpoints:
-                save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra=meta)
-            save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
-            with open(work / "history.jsonl", "a") as f:
-                f.write(json.dumps(history[-1]) + "\n")
-        if out_of_time:
-            log.info("--time-budget used up at step %d", done)
-            break
+                loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
+                                                 opts.refine_train_passes or cfg.refine.passes)
+            else:
+                loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
+            opt.step()
+            completed = step + 1
+            ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
+            bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
+            done = step + 1
+            out_of_time = progress >= 1.0
+            if done % opts.val_every == 0 or done == end or out_of_time:
+                v = validate(net, cfg, val_frames, device, refine=refining)
+                if refining:
+                    net.train(False)
+                    net.refiner.train()
+                score = val_score(v)
+                ap = v["ap"]
+                log.info(
+                    "step %d loss %s | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
+                    done, " ".join(f"{k} {x:.3f}" for k, x in ema.items()), ap["car"]["bev@0.7"],
+                    ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
+                )
+                history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
+                meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
+                        "train_args": args_json, "real_sources": ",".join(real_sources)}
+                if score > best or opts.select == "last":
+                    best = max(best, score)
+                    save_weights(net, cfg, out, extra=meta)
+                    log.info("saved %s weights to %s", opts.select, out)
+                if opts.keep_checkpoints:
+                    save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra=meta)
+                save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
+                with open(work / "history.jsonl", "a") as f:
+                    f.write(json.dumps(history[-1]) + "\n")
+            if out_of_time:
+                log.info("--time-budget used up at step %d", done)
+                break
+    except KeyboardInterrupt:  # Ctrl-C: keep the finished steps, say how to go on, stop (the CLI exits 130)
+        bar.close()
+        save_checkpoint(ckpt, net, opt, cfg, completed, best, args_json)
+        log.warning("interrupted at step %d of %d: checkpoint %s saved; the same command with --resume continues "
+                    "(best weights so far: %s)", completed, opts.steps, ckpt, out if out.is_file() else "none yet")
+        raise
     log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
     return TrainResult(out, work, step + 1, best)
