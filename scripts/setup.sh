@@ -138,6 +138,10 @@ install_ros_upstream_tools() {
         return 0
     fi
     bash "$REPO_ROOT/scripts/setup_ros_upstream.sh" "$VENV"
+    # tf2_msgs, tf2, tf2_py, tf2_ros_py from upstream geometry2 (<venv>/ros2_tf2): the node's TF features, tested live
+    if [ -f "$sources/geometry2.tar.gz" ]; then
+        bash "$REPO_ROOT/scripts/setup_tf2.sh" "$VENV"
+    fi
 }
 
 # ---------------------------------------------------------------- 7. AOTInductor packages for this machine
