@@ -22,12 +22,17 @@ from livox_infer.accumulate import MAX_FRAMES, MAX_WINDOW_MS
 from livox_infer.decode.pointcloud import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE, TAG_FILTER_MODES
 from livox_infer.errors import ConfigError
 from livox_infer.threads import DEFAULT_THREADS, MAX_THREADS
+from livox_infer.tracking.tracker import TrackerConfig, default_gate
+
+TRACKER_DEFAULTS = TrackerConfig()
 
 SENSOR_PRESETS = ("mid40", "mid70", "tele15", "horizon", "avia")
 DEVICES = ("auto", "cpu", "cuda")
 INPUT_TYPES = ("pointcloud2", "custom_msg")
 SENSOR_HEIGHT_RANGE = (0.0, 9.5)  # metres; a roof or mast mount, never below the ground
 SCORE_THRESHOLD_PREFIX = "score_threshold_"
+TRACKING_GATE_PREFIX = "tracking_gate_"
+CLASS_PREFIXES = (SCORE_THRESHOLD_PREFIX, TRACKING_GATE_PREFIX)
 
 # How a change of a parameter takes effect.
 REBUILD = "rebuild"  # a new pipeline (network, device, weights)
@@ -132,7 +137,14 @@ PARAMS: tuple[Param, ...] = (
     Param("estimate_ground", "bool", False, "Estimate the sensor height from each cloud's ground points instead of "
           "sensor_height."),
     Param("frame_id", "string", "", "Output frame_id; empty = the input cloud's frame_id.", applies=NODE),
-    Param("publish_markers", "bool", True, "Publish ~/markers (RViz boxes and labels).", applies=NODE),
+    Param("publish_markers", "bool", True, "Publish ~/markers (RViz boxes, labels, track ids and velocity arrows).", applies=NODE),
+    Param("tracking", "bool", True, "Track the detections (docs/tracking.md): Detection3D.id carries the track id, "
+          "~/tracked_objects (autoware_perception_msgs/TrackedObjects) the tracks with velocities; with "
+          "odometry_topic the velocities are over ground, else relative to the sensor.", applies=NODE),
+    Param("tracking_confirm_hits", "int", TRACKER_DEFAULTS.confirm_hits, "Detections in a row before a track is "
+          "confirmed (gets its id on ~/detections and is published).", range=(1, 20), applies=NODE),
+    Param("tracking_max_misses", "int", TRACKER_DEFAULTS.max_misses, "Frames a confirmed track survives without a "
+          "detection (predicted, not published).", range=(0, 50), applies=NODE),
     Param("threads", "int", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its "
           "pools; 0 = torch's default (one per core). 1 keeps p99 bounded on a busy CPU (docs/performance.md).",
           range=(0, MAX_THREADS), read_only=True, applies=NODE),
@@ -147,14 +159,21 @@ DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
 
 def class_params(model: Any = None) -> tuple[Param, ...]:
     """``score_threshold_<class>`` for each class of ``model`` (a name, a YAML path or a ModelConfig; default the
-    table's model), defaulting to the model config's ``score_thresholds``."""
+    table's model), defaulting to the model config's ``score_thresholds``, and ``tracking_gate_<class>``, defaulting
+    to the tracker's gate for that class name."""
     from livox_infer.detector.config import ModelConfig
 
     cfg = model if isinstance(model, ModelConfig) else ModelConfig.load(model or DEFAULTS["model"])
-    return tuple(Param(f"{SCORE_THRESHOLD_PREFIX}{name}", "double", float(threshold),
-                       f"Minimum score of a published {name} (default: the model config's score_thresholds).",
-                       range=(0.0, 1.0))
-                 for name, threshold in zip(cfg.classes, cfg.score_thresholds))
+    thresholds = tuple(Param(f"{SCORE_THRESHOLD_PREFIX}{name}", "double", float(threshold),
+                             f"Minimum score of a published {name} (default: the model config's score_thresholds).",
+                             range=(0.0, 1.0))
+                       for name, threshold in zip(cfg.classes, cfg.score_thresholds))
+    gates = tuple(Param(f"{TRACKING_GATE_PREFIX}{name}", "double", default_gate(name),
+                        f"Largest BEV distance (m) between a {name} track's predicted centre and a detection it "
+                        "takes (default: livox_infer/tracking/tracker.py DEFAULT_GATES).", range=(0.1, 20.0),
+                        applies=NODE)
+                  for name in cfg.classes)
+    return thresholds + gates
 
 
 def parameters(model: Any = None) -> tuple[Param, ...]:
@@ -163,7 +182,7 @@ def parameters(model: Any = None) -> tuple[Param, ...]:
 
 
 def is_class_param(name: str) -> bool:
-    return name.startswith(SCORE_THRESHOLD_PREFIX)
+    return name.startswith(CLASS_PREFIXES)
 
 
 def validate(values: Mapping[str, Any], params: Iterable[Param] | None = None) -> str | None:
@@ -223,7 +242,7 @@ def pipeline_options(values: Mapping[str, Any]) -> dict[str, Any]:
     try:
         extent = values.get("bev_extent")
         thresholds = {name[len(SCORE_THRESHOLD_PREFIX):]: float(v) for name, v in values.items()
-                      if is_class_param(name)}
+                      if name.startswith(SCORE_THRESHOLD_PREFIX)}
         return {
             "model": values["model"],
             "weights": values["weights"] or None,

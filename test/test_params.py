@@ -31,6 +31,9 @@ OLD_COMMON = {
     "score_threshold_car": 0.55, "score_threshold_cyclist": 0.45, "score_threshold_pedestrian": 0.1,
     "sensor_height": 1.8, "tag_filter": "high_confidence", "test_time_flip": False, "threads": 1,
     "use_compile": True, "weights": "",
+    # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
+    "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 3,
+    "tracking_gate_car": 2.5, "tracking_gate_pedestrian": 1.2, "tracking_gate_cyclist": 1.8,
 }
 OLD_PER_SENSOR = {
     "avia": {"bev_extent": [0.0, 80.0, -41.6, 41.6], "max_range": 120.0, "roi_x_max": 80.0, "roi_y_max": 40.0,
@@ -160,10 +163,12 @@ def test_class_thresholds_come_from_the_model_config():
 
     for model in ("lite", "full"):
         cfg = ModelConfig.load(model)
-        params = class_params(model)
+        params = [p for p in class_params(model) if p.name.startswith("score_threshold_")]
         assert [p.name for p in params] == [f"score_threshold_{c}" for c in cfg.classes]
         assert [p.default for p in params] == list(cfg.score_thresholds)
-    opts = pipeline_options({**DEFAULTS, "score_threshold_car": 0.6})
+        gates = [p.name for p in class_params(model) if not p.name.startswith("score_threshold_")]
+        assert gates == [f"tracking_gate_{c}" for c in cfg.classes]  # the tracker's, one per class of the model
+    opts = pipeline_options({**DEFAULTS, "score_threshold_car": 0.6, "tracking_gate_car": 3.0})
     assert opts["score_thresholds"] == {"car": 0.6}
     assert pipeline_options(DEFAULTS)["score_thresholds"] is None  # none given: the model's own
 

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from livox_infer.params import DEFAULTS, NODE, PARAMS, REBUILD, SCORE_THRESHOLD_PREFIX, SENSOR_PRESETS, Param
+from livox_infer.params import (DEFAULTS, NODE, PARAMS, REBUILD, SCORE_THRESHOLD_PREFIX, SENSOR_PRESETS, TRACKING_GATE_PREFIX,
+                                Param, class_params)
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ARTEFACTS = {"yaml": "config/detector.param.yaml", "schema": "schema/detector.schema.json",
@@ -80,7 +81,10 @@ def schema() -> dict[str, Any]:
         "patternProperties": {f"^{SCORE_THRESHOLD_PREFIX}[a-z0-9_]+$": {
             "type": "number", "minimum": 0.0, "maximum": 1.0,
             "description": "Minimum score of a published object of this class (default: the model config's "
-                           "score_thresholds)."}},
+                           "score_thresholds)."},
+            f"^{TRACKING_GATE_PREFIX}[a-z0-9_]+$": {
+            "type": "number", "minimum": 0.1, "maximum": 20.0,
+            "description": "Largest BEV distance (m) between a track of this class and a detection it takes."}},
         "additionalProperties": False,
     }
     return {
@@ -140,6 +144,10 @@ def markdown() -> str:
         cfg = ModelConfig.load(name)
         pairs = ", ".join(f"`{SCORE_THRESHOLD_PREFIX}{c}`: {t:g}" for c, t in zip(cfg.classes, cfg.score_thresholds))
         out.append(f"| `{name}` (models/{name}.yaml) | {pairs} |")
+    gates = ", ".join(f"`{p.name}`: {p.default:g}" for p in class_params() if p.name.startswith(TRACKING_GATE_PREFIX))
+    out += ["", f"It also declares `{TRACKING_GATE_PREFIX}<class>` (double, [0.1, 20] m, node, at once) for each class: "
+            "how far (BEV) a detection may lie from a track's predicted centre to continue it "
+            f"([tracking.md](tracking.md)); defaults from `livox_infer/tracking/tracker.py`: {gates}."]
     overrides = {s: read_param_file(preset_path(s)) for s in SENSOR_PRESETS}
     names = [p.name for p in PARAMS if any(p.name in o for o in overrides.values())]
     out += ["", "## Sensor presets", "",

@@ -1,0 +1,335 @@
+"""Multi-object tracker in bird's-eye view: one stable id, a velocity and a yaw rate per object (ROS-free).
+
+Per frame, :meth:`Tracker.update` takes the detector's boxes (M, 7) ``[x, y, z, l, w, h, yaw]`` in the cloud's
+frame, their class labels and scores, the cloud's stamp and, where known, the cloud frame's pose in a fixed frame
+(odometry: 4x4 world-from-cloud). Steps:
+
+1. predict every track to the stamp: constant-velocity Kalman filter on ``[x, y, vx, vy]`` (white-noise
+   acceleration, sigma per class) in the fixed frame when a pose is given, else in the cloud's frame;
+2. associate greedily by BEV centre distance, same class only, confirmed tracks before tentative ones, nearest
+   pairs first, within the class's gate (a track with one hit has no velocity yet: its gate grows by the class's
+   top speed times dt);
+3. update the matched tracks (position by the filter; z, size and yaw smoothed; the yaw axis made to agree with
+   the direction of motion above 1 m/s; yaw rate from the smoothed yaw), start a tentative track per unmatched
+   detection, count a miss for every unmatched track;
+4. a track is confirmed after ``confirm_hits`` hits and deleted after more than ``max_misses`` misses in a row
+   (a tentative track at its first miss).
+
+Output: :class:`TrackFrame` with the track id of each detection (0 = none, or not confirmed yet) and the confirmed
+tracks seen in this frame, with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
+relative to the sensor otherwise) and yaw rate. Without poses the tracker says so in ``ego_motion``.
+A stamp that goes back or jumps by more than ``max_gap_s`` restarts the tracks (counted in ``resets``);
+non-finite boxes are dropped and counted (``rejected_boxes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+# Per class: BEV association gate (m), acceleration noise (m/s^2), measurement noise (m), top speed (m/s, only for
+# the first association of a new track, whose velocity is unknown). Gates are run-time parameters
+# (livox_infer/params.py: tracking_gate_<class>); the rest are the filter's fixed model.
+DEFAULT_GATES: dict[str, float] = {"car": 2.5, "pedestrian": 1.2, "cyclist": 1.8}
+ACCEL_SIGMA: dict[str, float] = {"car": 4.0, "pedestrian": 2.0, "cyclist": 3.0}
+MEAS_SIGMA: dict[str, float] = {"car": 0.35, "pedestrian": 0.2, "cyclist": 0.25}
+TOP_SPEED: dict[str, float] = {"car": 35.0, "pedestrian": 4.0, "cyclist": 12.0}
+_FALLBACK = "car"  # a class the tables do not name takes the car's model
+MAX_GAP_S = 1.0
+
+
+def default_gate(name: str) -> float:
+    """The gate of class ``name`` (the car's for a class the table does not name)."""
+    return float(DEFAULT_GATES.get(name, DEFAULT_GATES[_FALLBACK]))
+
+HEADING_SPEED = 1.0  # m/s: above this the box's yaw axis is turned to point along the velocity
+SIZE_ALPHA = 0.3
+Z_ALPHA = 0.5
+YAW_ALPHA = 0.5
+YAW_RATE_ALPHA = 0.5
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
+    confirm_hits: int = 2
+    max_misses: int = 3
+    max_gap_s: float = MAX_GAP_S
+
+    @classmethod
+    def from_params(cls, values: Mapping[str, Any]) -> "TrackerConfig":
+        """From the parameter table's values (node / preset): tracking_confirm_hits, tracking_max_misses and
+        tracking_gate_<class>."""
+        gates = {k[len("tracking_gate_"):]: float(v) for k, v in values.items() if k.startswith("tracking_gate_")}
+        return cls(gates={**DEFAULT_GATES, **gates}, confirm_hits=int(values["tracking_confirm_hits"]),
+                   max_misses=int(values["tracking_max_misses"]))
+
+    def model(self, name: str) -> tuple[float, float, float, float]:
+        key = name if name in ACCEL_SIGMA else _FALLBACK
+        gate = float(self.gates.get(name, self.gates.get(_FALLBACK, DEFAULT_GATES[_FALLBACK])))
+        return gate, ACCEL_SIGMA[key], MEAS_SIGMA[key], TOP_SPEED[key]
+
+
+@dataclass
+class _Track:
+    track_id: int
+    label: int
+    name: str
+    x: np.ndarray  # (4,) x, y, vx, vy in the tracking frame
+    P: np.ndarray  # (4, 4)
+    z: float
+    size: np.ndarray  # (3,) l, w, h
+    yaw: float  # tracking frame
+    yaw_rate: float = 0.0
+    score: float = 0.0
+    hits: int = 1
+    misses: int = 0
+    age: int = 1
+    confirmed: bool = False
+
+
+@dataclass
+class TrackFrame:
+    """One frame's output; arrays in the cloud's frame (see the module docstring)."""
+
+    detection_track_ids: np.ndarray  # (M,) int64 per input detection: its confirmed track's id, else 0
+    track_ids: np.ndarray  # (K,) int64 confirmed tracks updated in this frame
+    boxes: np.ndarray  # (K, 7) float32 smoothed box
+    labels: np.ndarray  # (K,) int64
+    scores: np.ndarray  # (K,) float32 the latest detection's score
+    velocities: np.ndarray  # (K, 2) float32 m/s, vx vy in the cloud frame's axes
+    yaw_rates: np.ndarray  # (K,) float32 rad/s
+    ages: np.ndarray  # (K,) int64 frames since birth
+    ego_motion: bool  # poses were given: velocities are over ground
+
+
+def _wrap(a: float) -> float:
+    return (a + math.pi) % (2 * math.pi) - math.pi
+
+
+def _near_axis(yaw: float, ref: float) -> float:
+    """``yaw`` or ``yaw + pi``, whichever lies within pi/2 of ``ref`` (a box's axis has no front)."""
+    d = _wrap(yaw - ref)
+    if d > math.pi / 2:
+        d -= math.pi
+    elif d < -math.pi / 2:
+        d += math.pi
+    return ref + d
+
+
+class Tracker:
+    """See the module docstring. ``class_names[label]`` names each label (the model config's classes)."""
+
+    def __init__(self, config: TrackerConfig | None = None, class_names: Sequence[str] = ("car", "pedestrian",
+                                                                                              "cyclist")) -> None:
+        self.config = config or TrackerConfig()
+        self.class_names = tuple(class_names)
+        self._tracks: list[_Track] = []
+        self._next_id = 1
+        self._last_stamp: int | None = None
+        self._last_pose_given: bool | None = None
+        self.resets = 0
+        self.rejected_boxes = 0
+        self.frames = 0
+        self.frames_without_ego_motion = 0
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        self._tracks = []
+        self._last_stamp = None
+        self._last_pose_given = None
+
+    @property
+    def active_tracks(self) -> int:
+        return len(self._tracks)
+
+    @property
+    def confirmed_tracks(self) -> int:
+        return sum(t.confirmed for t in self._tracks)
+
+    def _name(self, label: int) -> str:
+        return self.class_names[label] if 0 <= label < len(self.class_names) else f"class_{label}"
+
+    # ------------------------------------------------------------------ update
+    def update(self, boxes: Any, labels: Any, scores: Any, stamp_ns: int,
+               pose: np.ndarray | None = None) -> TrackFrame:
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+        scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+        if len(labels) != len(boxes) or len(scores) != len(boxes):
+            raise ValueError(f"boxes ({len(boxes)}), labels ({len(labels)}) and scores ({len(scores)}) disagree")
+        finite = np.isfinite(boxes).all(1) & np.isfinite(scores)
+        self.rejected_boxes += int((~finite).sum())
+        pose_given = pose is not None
+        if pose_given:
+            pose = np.asarray(pose, dtype=np.float64)
+            if pose.shape != (4, 4) or not np.isfinite(pose).all():
+                raise ValueError(f"pose must be a finite 4x4 matrix, got shape {pose.shape}")
+        self.frames += 1
+        if not pose_given:
+            self.frames_without_ego_motion += 1
+
+        stamp_ns = int(stamp_ns)
+        dt = 0.0
+        if self._last_stamp is not None:
+            dt = (stamp_ns - self._last_stamp) * 1e-9
+            if dt <= 0.0 or dt > self.config.max_gap_s or pose_given != self._last_pose_given:
+                # time went back (a looped bag), the stream stalled, or the frame of the states changed
+                self.resets += 1
+                self._tracks = []
+                dt = 0.0
+        self._last_stamp = stamp_ns
+        self._last_pose_given = pose_given
+
+        # detections into the tracking frame (the fixed frame of the poses, else the cloud's own)
+        centres = boxes[:, :2].copy()
+        yaws = boxes[:, 6].copy()
+        if pose_given:
+            rot, trans = pose[:2, :2], pose[:2, 3]
+            centres = centres @ rot.T + trans
+            yaws = yaws + math.atan2(pose[1, 0], pose[0, 0])
+
+        for t in self._tracks:
+            self._predict(t, dt)
+
+        matches = self._associate(centres, labels, finite, dt)
+        matched_tracks = {ti for ti, _ in matches}
+        det_track = np.zeros(len(boxes), np.int64)
+        det_track_obj: dict[int, _Track] = {}
+        for ti, di in matches:
+            t = self._tracks[ti]
+            self._correct(t, centres[di], boxes[di], yaws[di], float(scores[di]), dt)
+            det_track_obj[di] = t
+        survivors = []
+        for i, t in enumerate(self._tracks):
+            if i not in matched_tracks:
+                t.misses += 1
+                t.age += 1
+                if (not t.confirmed) or t.misses > self.config.max_misses:
+                    continue
+            survivors.append(t)
+        matched_dets = {di for _, di in matches}
+        for di in np.nonzero(finite)[0]:
+            if int(di) in matched_dets:
+                continue
+            t = self._birth(centres[di], boxes[di], yaws[di], int(labels[di]), float(scores[di]))
+            survivors.append(t)
+            det_track_obj[int(di)] = t
+        self._tracks = survivors
+        for di, t in det_track_obj.items():
+            if t.confirmed:
+                det_track[di] = t.track_id
+        return self._output(det_track, pose if pose_given else None)
+
+    def _predict(self, t: _Track, dt: float) -> None:
+        if dt <= 0.0:
+            return
+        _, accel, _, _ = self.config.model(t.name)
+        F = np.eye(4)
+        F[0, 2] = F[1, 3] = dt
+        q = accel ** 2
+        dt2, dt3, dt4 = dt * dt, dt ** 3, dt ** 4
+        Q = q * np.array([[dt4 / 4, 0, dt3 / 2, 0], [0, dt4 / 4, 0, dt3 / 2],
+                          [dt3 / 2, 0, dt2, 0], [0, dt3 / 2, 0, dt2]])
+        t.x = F @ t.x
+        t.P = F @ t.P @ F.T + Q
+        t.yaw = t.yaw + t.yaw_rate * dt
+
+    def _associate(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
+                   dt: float) -> list[tuple[int, int]]:
+        pairs = []
+        for ti, t in enumerate(self._tracks):
+            gate, _, _, top_speed = self.config.model(t.name)
+            if t.hits == 1:  # no velocity yet
+                gate += top_speed * dt
+            for di in np.nonzero(finite & (labels == t.label))[0]:
+                d = float(np.hypot(*(centres[di] - t.x[:2])))
+                if d <= gate:
+                    pairs.append((0 if t.confirmed else 1, d, ti, int(di)))
+        pairs.sort()
+        used_t, used_d, out = set(), set(), []
+        for _, _, ti, di in pairs:
+            if ti in used_t or di in used_d:
+                continue
+            used_t.add(ti)
+            used_d.add(di)
+            out.append((ti, di))
+        return out
+
+    def _correct(self, t: _Track, centre: np.ndarray, box: np.ndarray, yaw: float, score: float, dt: float) -> None:
+        _, _, meas, _ = self.config.model(t.name)
+        H = np.zeros((2, 4))
+        H[0, 0] = H[1, 1] = 1.0
+        R = np.eye(2) * meas ** 2
+        S = H @ t.P @ H.T + R
+        K = t.P @ H.T @ np.linalg.inv(S)
+        t.x = t.x + K @ (centre - H @ t.x)
+        t.P = (np.eye(4) - K @ H) @ t.P
+        t.z = (1 - Z_ALPHA) * t.z + Z_ALPHA * float(box[2])
+        t.size = (1 - SIZE_ALPHA) * t.size + SIZE_ALPHA * box[3:6]
+        prev = t.yaw
+        measured = _near_axis(yaw, t.yaw)
+        new_yaw = _wrap(t.yaw + YAW_ALPHA * (measured - t.yaw))
+        speed = float(np.hypot(t.x[2], t.x[3]))
+        if speed > HEADING_SPEED and t.hits >= 2:
+            new_yaw = _near_axis(new_yaw, math.atan2(t.x[3], t.x[2]))  # the axis, pointing where it goes
+            prev = _near_axis(prev, new_yaw)
+        if dt > 0.0:
+            rate = _wrap(new_yaw - prev) / dt if abs(_wrap(new_yaw - prev)) < math.pi / 2 else 0.0
+            t.yaw_rate = (1 - YAW_RATE_ALPHA) * t.yaw_rate + YAW_RATE_ALPHA * rate
+        t.yaw = _wrap(new_yaw)
+        t.score = score
+        t.hits += 1
+        t.age += 1
+        t.misses = 0
+        if t.hits >= self.config.confirm_hits:
+            t.confirmed = True
+
+    def _birth(self, centre: np.ndarray, box: np.ndarray, yaw: float, label: int, score: float) -> _Track:
+        name = self._name(label)
+        _, _, meas, top_speed = self.config.model(name)
+        P = np.diag([meas ** 2, meas ** 2, (top_speed / 2) ** 2, (top_speed / 2) ** 2])
+        t = _Track(track_id=self._next_id, label=label, name=name, x=np.array([centre[0], centre[1], 0.0, 0.0]),
+                   P=P, z=float(box[2]), size=box[3:6].astype(np.float64).copy(), yaw=_wrap(float(yaw)), score=score)
+        self._next_id += 1
+        if self.config.confirm_hits <= 1:
+            t.confirmed = True
+        return t
+
+    def _output(self, det_track: np.ndarray, pose: np.ndarray | None) -> TrackFrame:
+        shown = [t for t in self._tracks if t.confirmed and t.misses == 0]
+        k = len(shown)
+        boxes = np.zeros((k, 7), np.float64)
+        vel = np.zeros((k, 2), np.float64)
+        for i, t in enumerate(shown):
+            xy, v, yaw = t.x[:2], t.x[2:4], t.yaw
+            if pose is not None:  # back into the cloud's frame
+                rot, trans = pose[:2, :2], pose[:2, 3]
+                xy = rot.T @ (xy - trans)
+                v = rot.T @ v
+                yaw = _wrap(yaw - math.atan2(pose[1, 0], pose[0, 0]))
+            boxes[i] = [xy[0], xy[1], t.z, *t.size, yaw]
+            vel[i] = v
+        return TrackFrame(
+            detection_track_ids=det_track,
+            track_ids=np.array([t.track_id for t in shown], np.int64),
+            boxes=boxes.astype(np.float32),
+            labels=np.array([t.label for t in shown], np.int64),
+            scores=np.array([t.score for t in shown], np.float32),
+            velocities=vel.astype(np.float32),
+            yaw_rates=np.array([t.yaw_rate for t in shown], np.float32),
+            ages=np.array([t.age for t in shown], np.int64),
+            ego_motion=pose is not None,
+        )
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Counters for the node's /diagnostics (keys tracking_*)."""
+        ego = ("odometry" if self._last_pose_given else
+               "none: velocities are relative to the sensor (set odometry_topic)") if self.frames else "no frame yet"
+        return {"tracking_ego_motion": ego, "tracking_active_tracks": self.active_tracks,
+                "tracking_confirmed_tracks": self.confirmed_tracks, "tracking_next_id": self._next_id,
+                "tracking_resets": self.resets, "tracking_rejected_boxes": self.rejected_boxes,
+                "tracking_frames_without_ego_motion": self.frames_without_ego_motion}

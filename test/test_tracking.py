@@ -1,0 +1,165 @@
+"""The BEV tracker (livox_infer/tracking): stable ids, velocities, births, deaths, with synthetic detections."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from livox_infer.tracking import Tracker, TrackerConfig
+
+CAR, PED, CYC = 0, 1, 2
+DT_NS = 100_000_000  # 10 Hz
+T0 = 1_700_000_000 * 1_000_000_000
+
+
+def _box(x, y, yaw=0.0, label=CAR):
+    size = {CAR: (4.5, 1.9, 1.6), PED: (0.6, 0.6, 1.7), CYC: (1.8, 0.6, 1.7)}[label]
+    return [x, y, -1.0, *size, yaw]
+
+
+def _run(tracker, frames, poses=None):
+    """frames: list of [(x, y, yaw, label), ...] -> list of TrackFrame."""
+    out = []
+    for k, dets in enumerate(frames):
+        boxes = np.array([_box(x, y, yaw, lab) for x, y, yaw, lab in dets], np.float32).reshape(-1, 7)
+        labels = np.array([d[3] for d in dets], np.int64)
+        scores = np.full(len(dets), 0.8, np.float32)
+        out.append(tracker.update(boxes, labels, scores, T0 + k * DT_NS, None if poses is None else poses[k]))
+    return out
+
+
+def _ids_of(frame, x, y, tol=1.0):
+    """Track id of the output track nearest (x, y) within tol, else 0."""
+    if len(frame.track_ids) == 0:
+        return 0
+    d = np.hypot(frame.boxes[:, 0] - x, frame.boxes[:, 1] - y)
+    i = int(np.argmin(d))
+    return int(frame.track_ids[i]) if d[i] <= tol else 0
+
+
+def test_constant_velocity_car_keeps_one_id_and_its_velocity():
+    rng = np.random.default_rng(0)
+    v = np.array([10.0, -2.0])
+    frames = []
+    for k in range(40):
+        p = np.array([10.0, 5.0]) + v * k * 0.1 + rng.normal(0, 0.1, 2)
+        frames.append([(p[0], p[1], math.atan2(v[1], v[0]), CAR)])
+    out = _run(Tracker(), frames)
+    ids = {int(i) for f in out[2:] for i in f.track_ids}
+    assert ids == {1}, ids
+    assert all(f.detection_track_ids[0] == 1 for f in out[2:])
+    est = np.array([f.velocities[0] for f in out[20:]])
+    err = np.linalg.norm(est - v, axis=1)
+    assert np.median(err) < 0.5, err
+    # heading points along the motion (the detector's yaw axis has no front)
+    yaws = np.array([f.boxes[0, 6] for f in out[20:]])
+    assert np.all(np.abs(np.angle(np.exp(1j * (yaws - math.atan2(v[1], v[0]))))) < 0.2)
+
+
+def test_confirmation_needs_hits_and_tentative_ids_stay_off_detections():
+    out = _run(Tracker(TrackerConfig(confirm_hits=3)), [[(10, 0, 0, CAR)]] * 4)
+    assert [len(f.track_ids) for f in out] == [0, 0, 1, 1]
+    assert [int(f.detection_track_ids[0]) for f in out] == [0, 0, 1, 1]
+
+
+def test_crossing_pedestrians_keep_their_ids():
+    # two pedestrians crossing at right angles, meeting at (10, 0) at frame 20
+    frames = []
+    for k in range(40):
+        s = (k - 20) * 0.1 * 1.4
+        frames.append([(10 + s, 0.0, 0.0, PED), (10.0, s, math.pi / 2, PED)])
+    out = _run(Tracker(), frames)
+    first_a, first_b = _ids_of(out[5], 10 + (5 - 20) * 0.14, 0), _ids_of(out[5], 10, (5 - 20) * 0.14)
+    assert first_a and first_b and first_a != first_b
+    for k in range(25, 40):
+        s = (k - 20) * 0.14
+        assert _ids_of(out[k], 10 + s, 0) == first_a, k
+        assert _ids_of(out[k], 10, s) == first_b, k
+    va = out[35].velocities[list(out[35].track_ids).index(first_a)]
+    assert np.allclose(va, [1.4, 0.0], atol=0.3)
+
+
+def test_missed_detections_are_bridged_then_the_track_dies():
+    frames = [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(10)]
+    frames += [[] for _ in range(3)]  # three misses: within max_misses = 3
+    frames += [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(13, 20)]
+    out = _run(Tracker(TrackerConfig(max_misses=3)), frames)
+    assert {int(i) for f in out[13:] for i in f.track_ids} == {1}
+    assert all(len(out[k].track_ids) == 0 for k in (10, 11, 12))  # coasting tracks are not published
+    # five misses > max_misses: a new object (new id)
+    frames = [[(10.0, 3.0, 0.0, CAR)]] * 5 + [[]] * 5 + [[(10.0, 3.0, 0.0, CAR)]] * 3
+    out = _run(Tracker(TrackerConfig(max_misses=3)), frames)
+    assert int(out[-1].track_ids[0]) == 2
+
+
+def test_clutter_does_not_steal_or_confirm():
+    rng = np.random.default_rng(1)
+    frames, previous = [], []
+    for k in range(30):
+        dets = [(20 + 0.5 * k, -4.0, 0.0, CAR)]
+        clutter = []
+        while len(clutter) < 3:  # one-frame clutter elsewhere, never within 3 m of the last frame's
+            p = (rng.uniform(5, 60), rng.uniform(10, 30))
+            if all(math.dist(p, q) > 3.0 for q in previous):
+                clutter.append(p)
+        dets += [(x, y, 0.0, PED) for x, y in clutter]
+        previous = clutter
+        frames.append(dets)
+    out = _run(Tracker(), frames)
+    car_ids = {_ids_of(f, 20 + 0.5 * k, -4.0) for k, f in enumerate(out) if k >= 2}
+    assert car_ids == {1}
+    # clutter points never repeat: no pedestrian track is confirmed
+    assert all(set(f.labels.tolist()) <= {CAR} for f in out)
+
+
+def test_other_classes_are_never_associated():
+    out = _run(Tracker(), [[(10, 0, 0, CAR)], [(10, 0, 0, CAR)], [(10, 0, 0, CYC)], [(10, 0, 0, CYC)]])
+    assert out[1].track_ids.tolist() == [1]
+    assert out[2].track_ids.tolist() == []  # the car missed (coasting), the cyclist tentative
+    assert out[3].track_ids.tolist() == [2] and out[3].labels.tolist() == [CYC]  # a track of its own
+
+
+def test_ego_motion_gives_velocity_over_ground_in_the_cloud_axes():
+    # the sensor drives +x at 10 m/s and turns at 10 deg/s; a parked car and a car moving +y at 5 m/s (world)
+    poses, frames = [], []
+    for k in range(40):
+        t = 0.1 * k
+        yaw = math.radians(10) * t
+        pose = np.eye(4)
+        pose[:2, :2] = [[math.cos(yaw), -math.sin(yaw)], [math.sin(yaw), math.cos(yaw)]]
+        pose[:2, 3] = [10 * t, 0.0]
+        poses.append(pose)
+        dets = []
+        for world in ((60.0, 5.0), (40.0, -10.0 + 5 * t)):
+            local = pose[:2, :2].T @ (np.array(world) - pose[:2, 3])
+            dets.append((local[0], local[1], 0.0, CAR))
+        frames.append(dets)
+    tracker = Tracker()
+    out = _run(tracker, frames, poses)
+    assert tracker.diagnostics()["tracking_ego_motion"] == "odometry"
+    last, pose = out[-1], poses[-1]
+    assert sorted(last.track_ids.tolist()) == [1, 2]
+    for tid, v_world in ((1, (0.0, 0.0)), (2, (0.0, 5.0))):
+        i = last.track_ids.tolist().index(tid)
+        assert np.allclose(last.velocities[i], pose[:2, :2].T @ np.array(v_world), atol=0.5), (tid, last.velocities[i])
+    # the same clouds without poses: velocities relative to the sensor, and the diagnostics say so
+    t2 = Tracker()
+    rel = _run(t2, frames)
+    assert "none" in t2.diagnostics()["tracking_ego_motion"]
+    i = rel[-1].track_ids.tolist().index(1)
+    assert np.linalg.norm(rel[-1].velocities[i]) > 8.0  # the parked car approaches at ~ the ego speed
+
+
+def test_bad_input_is_counted_and_time_going_back_restarts():
+    tracker = Tracker()
+    boxes = np.array([_box(10, 0), [np.nan] * 7], np.float32)
+    f = tracker.update(boxes, [CAR, CAR], [0.9, 0.9], T0)
+    assert tracker.rejected_boxes == 1 and f.detection_track_ids.tolist() == [0, 0]
+    tracker.update(boxes[:1], [CAR], [0.9], T0 + DT_NS)
+    assert tracker.confirmed_tracks == 1
+    tracker.update(boxes[:1], [CAR], [0.9], T0)  # a looped bag
+    assert tracker.resets == 1 and tracker.confirmed_tracks == 0
+    with pytest.raises(ValueError):
+        tracker.update(boxes, [CAR], [0.9], T0 + 2 * DT_NS)
