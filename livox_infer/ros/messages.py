@@ -17,13 +17,8 @@ from livox_infer import CLASS_NAMES
 from livox_infer.detector.boxes import quaternion_to_yaw, yaw_to_quaternion  # noqa: F401 - re-exported for node code and tests
 from livox_infer.detector.boxes import box_corners
 
-# RGBA per class for markers; anything else (an unknown class name) is drawn grey.
-CLASS_COLORS: dict[str, tuple[float, float, float, float]] = {
-    "car": (0.10, 0.55, 1.00, 1.0),
-    "pedestrian": (1.00, 0.25, 0.20, 1.0),
-    "cyclist": (0.20, 0.90, 0.30, 1.0),
-}
-_UNKNOWN_COLOR = (0.7, 0.7, 0.7, 1.0)
+# RGBA per class for markers, the one table the BEV pictures use too; an unknown class name is drawn grey.
+from livox_infer.colors import CLASS_COLORS, UNKNOWN_COLOR as _UNKNOWN_COLOR  # noqa: E402,F401 - re-exported
 
 # Index pairs into the 8 box corners (see box_corners) forming the 12 edges of a box.
 _BOX_EDGES = np.array(
