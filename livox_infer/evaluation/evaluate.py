@@ -42,9 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-points", type=int, default=DEFAULT_MIN_POINTS, help="ignore GT with fewer lidar points")
     p.add_argument("--region", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
                    help="evaluate only inside this BEV rectangle (default: the model's grid)")
-    p.add_argument("--score-threshold", default="0.1",
+    p.add_argument("--score-threshold", default=None,
                    help="keep detections down to this score for the AP ranking (default 0.1, as OpenPCDet "
-                        "evaluates); 'config': the model config's per-class operating thresholds")
+                        "evaluates; with --tracking 'config'); 'config': the model config's per-class operating "
+                        "thresholds")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for --sim-frames, e.g. 'ego_speed=[0,15]' "
                         "'yaw_rate_dps=[-15,15]' (a moving, turning vehicle); repeatable")
@@ -59,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cli_options(p, ("sensor",), sensor=None, helps={"sensor":
                     "apply the preset config/<sensor>.param.yaml as the node does (ROI, range, tag filter, sensor height, grid; "
                         "the AP ranking keeps --score-threshold); with --sim-frames, simulate this sensor only"})
+    p.add_argument("--tracking", action="store_true",
+                   help="with --sim-frames N: track simulated drives of N frames (sensor standing and moving) and "
+                        "report MOTA, ID switches and velocity error per class (livox_infer/evaluation/tracking.py)")
+    p.add_argument("--sim-sequences", type=int, default=3, metavar="S",
+                   help="with --tracking: drives per sensor and condition (default %(default)s)")
     p.add_argument("--sim-accumulate", type=int, default=None, metavar="K",
                    help="with --sim-frames: score each frame alone and its drive's last K frames stacked, with and "
                         "without poses (livox_infer/evaluation/accumulated.py)")
@@ -84,8 +90,16 @@ def _score_thresholds(value: str):
 def main(args: argparse.Namespace) -> int:
     from livox_infer.detector.config import ModelConfig
 
+    if args.score_threshold is None:
+        args.score_threshold = "config" if args.tracking else "0.1"
     try:
         parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
+        if args.tracking:
+            from livox_infer.evaluation.tracking import main_tracking
+
+            if not args.sim_frames:
+                raise ConfigError("--tracking needs --sim-frames N (frames per simulated drive)")
+            return main_tracking(args, _pipeline(args))
         if args.detections_dir:
             from livox_infer.evaluation.archive import main_archive
 
