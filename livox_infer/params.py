@@ -136,7 +136,17 @@ PARAMS: tuple[Param, ...] = (
           "mount); ignored when estimate_ground is true.", range=SENSOR_HEIGHT_RANGE),
     Param("estimate_ground", "bool", False, "Estimate the sensor height from each cloud's ground points instead of "
           "sensor_height."),
-    Param("frame_id", "string", "", "Output frame_id; empty = the input cloud's frame_id.", applies=NODE),
+    Param("frame_id", "string", "", "Output frame_id label (no transform); empty = the input cloud's frame_id. To "
+          "publish in another frame, use output_frame.", applies=NODE),
+    Param("output_frame", "string", "", "Frame the detections and markers are published in (e.g. base_link, map): "
+          "transformed with TF (tf2_ros) at the cloud's stamp; with input_topics, each topic's cloud is moved into it "
+          "with TF before merging (a rig described by TF). A failed lookup gives that frame an empty "
+          "Detection3DArray. Empty = the cloud's (or the rig's) frame.", read_only=True, applies=NODE),
+    Param("odometry_frame", "string", "", "Fixed frame (e.g. odom) whose TF transform to the detection frame at each "
+          "cloud's stamp gives the poses for accumulation, instead of odometry_topic; empty = none.",
+          read_only=True, applies=NODE),
+    Param("tf_timeout", "double", 0.1, "Seconds a TF lookup for output_frame may wait for the transform at the "
+          "cloud's stamp to arrive.", range=(0.0, 5.0), applies=NODE),
     Param("publish_markers", "bool", True, "Publish ~/markers (RViz boxes, labels, track ids and velocity arrows).", applies=NODE),
     Param("tracking", "bool", True, "Track the detections (docs/tracking.md): Detection3D.id carries the track id, "
           "~/tracked_objects (autoware_perception_msgs/TrackedObjects) the tracks with velocities; with "
@@ -216,6 +226,10 @@ def _cross_check(values: Mapping[str, Any]) -> str | None:
             return f"input_topics must be distinct absolute topic names, got {list(topics)!r}"
         if values.get("rig"):
             return "give either rig (its sensors name their topics) or input_topics, not both"
+    if values.get("output_frame") and values.get("frame_id"):
+        return ("give either frame_id (a new label, no transform) or output_frame (transformed with TF), not both")
+    if values.get("odometry_frame") and values.get("odometry_topic"):
+        return "give either odometry_topic (nav_msgs/Odometry) or odometry_frame (poses from TF), not both"
     return None
 
 

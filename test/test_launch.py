@@ -11,8 +11,17 @@ import os
 import threading
 from pathlib import Path
 
+import sys
+
 import pytest
 
+from ros_upstream import PREFIX
+
+# launch and launch_ros as scripts/setup_ros_upstream.sh installs them (make setup): on the path in-process too, so
+# these tests run wherever the live `ros2 launch` tests run (without it they were skipped everywhere, CI included)
+_UPSTREAM_SITE = PREFIX / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+if _UPSTREAM_SITE.is_dir() and str(_UPSTREAM_SITE) not in sys.path:
+    sys.path.insert(0, str(_UPSTREAM_SITE))
 pytest.importorskip("launch_ros")
 launch = pytest.importorskip("launch")
 if not hasattr(launch, "LaunchDescription"):  # the repo's launch/ folder seen as a namespace package
@@ -86,9 +95,18 @@ def test_arguments_derive_from_the_parameter_table():
     assert node_for(model="full")["parameters"][-1] == {"model": "full"}
 
 
-def test_launch_starts_the_node_with_the_preset():
-    """Full `ros2 launch` path; needs livox_infer installed in the ament index (colcon install)."""
+def test_launch_starts_the_node_with_the_preset(monkeypatch):
+    """Full `ros2 launch` path; needs livox_infer installed in the ament index (colcon install, or make setup's
+    venv index with the upstream tools' environment)."""
     from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+
+    from ros_upstream import ros_env, skip_reason
+
+    if skip_reason() is None:  # the environment `source <prefix>/setup.sh` gives, as a ROS user's shell has it
+        for key, value in ros_env().items():
+            if key in ("AMENT_PREFIX_PATH", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "ROS_DOMAIN_ID",
+                       "ROS_AUTOMATIC_DISCOVERY_RANGE"):
+                monkeypatch.setenv(key, value)
 
     try:
         prefix = get_package_prefix("livox_infer")

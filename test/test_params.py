@@ -34,6 +34,8 @@ OLD_COMMON = {
     # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
     "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 3,
     "tracking_gate_car": 2.5, "tracking_gate_pedestrian": 1.2, "tracking_gate_cyclist": 1.8,
+    # issue 31: TF (livox_infer/ros/tf.py), off by default
+    "output_frame": "", "odometry_frame": "", "tf_timeout": 0.1,
 }
 OLD_PER_SENSOR = {
     "avia": {"bev_extent": [0.0, 80.0, -41.6, 41.6], "max_range": 120.0, "roi_x_max": 80.0, "roi_y_max": 40.0,
