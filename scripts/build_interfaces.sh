@@ -6,12 +6,14 @@
 #                      overlays of a full vision_msgs ("undefined symbol"). Not published as a wheel.
 #   livox_ros_driver2  CustomMsg/CustomPoint: the Livox driver's native cloud, so the node can subscribe to it
 #                      in a pip-only environment (the driver itself is built from source on a ROS install).
+#   autoware_perception_msgs  Autoware's perception messages (the node publishes TrackedObjects): the 19 .msg files
+#                      of autoware_msgs 1.12.0 (commit 7025d8f) copied verbatim, the whole package as for vision_msgs.
 #
-# The .msg files keep the upstream field layouts exactly (vision_msgs 4.x, livox_ros_driver2), so the
+# The .msg files keep the upstream field layouts exactly (vision_msgs 4.x, livox_ros_driver2, autoware_perception_msgs), so the
 # generated types carry the upstream RIHS01 type hashes and interoperate with real publishers/subscribers.
 # A package that is already importable from outside the venv (a sourced ROS install) is not built.
 #
-# Usage: scripts/build_interfaces.sh [VENV_DIR [PACKAGE...]]   (default: <repo>/.venv, both packages)
+# Usage: scripts/build_interfaces.sh [VENV_DIR [PACKAGE...]]   (default: <repo>/.venv, all three packages)
 #        FORCE=1 ...                                           rebuild even when the stamp says it is current
 #        INTERFACES_PREFIX=DIR ...                             install there instead of into the venv (an overlay)
 # Needs: cmake, a C/C++ compiler, Python headers, and the build wheels of requirements-ros-build.txt.
@@ -21,7 +23,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(cd "${1:-$REPO_ROOT/.venv}" && pwd)"
 shift || true
 PACKAGES=("$@")
-[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(vision_msgs livox_ros_driver2)
+[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(vision_msgs livox_ros_driver2 autoware_perception_msgs)
 PY="$VENV/bin/python"
 PREFIX="${INTERFACES_PREFIX:-$VENV}"
 BUILD_ROOT="${INTERFACES_BUILD_DIR:-$REPO_ROOT/build/interfaces}"
@@ -31,10 +33,11 @@ die() { printf '[build_interfaces] error: %s\n' "$*" >&2; exit 1; }
 
 [ -x "$PY" ] || die "no Python at $PY (create the venv first: scripts/setup.sh)"
 
-declare -A VERSION=([vision_msgs]=4.1.1 [livox_ros_driver2]=1.0.0)
+declare -A VERSION=([vision_msgs]=4.1.1 [livox_ros_driver2]=1.0.0 [autoware_perception_msgs]=1.12.0)
 declare -A DESCRIPTION=(
     [vision_msgs]="vision_msgs 4.x (all 16 messages), built by livox_infer for pip-only ROS 2 environments."
     [livox_ros_driver2]="Livox CustomMsg/CustomPoint (livox_ros_driver2 layout), built by livox_infer for pip-only ROS 2 environments."
+    [autoware_perception_msgs]="autoware_perception_msgs 1.12.0 (all 19 messages, verbatim), built by livox_infer for pip-only ROS 2 environments."
 )
 
 # site-packages of an INTERFACES_PREFIX overlay, for PYTHONPATH (nothing to add for the venv itself)

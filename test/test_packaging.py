@@ -39,6 +39,17 @@ LIVOX_DRIVER_TYPE_HASHES = {
     "CustomMsg": "RIHS01_2eb17e5e35bf5a2d6cd079f3c57f33abf95e5bf7d71b42cddc05daace73d815a",
 }
 
+# autoware_perception_msgs 1.12.0 (autowarefoundation/autoware_msgs, commit 7025d8f, msg/*.msg copied verbatim),
+# computed the same way; rosbags' independent implementation (Typestore.hash_rihs01 on the same .msg text) gives
+# the same values.
+AUTOWARE_PERCEPTION_TYPE_HASHES = {
+    "TrackedObjects": "RIHS01_3559bd4e62ce8a4d96e32720c02bbe656cc090bb2b3f3f91f52a7c3ab095417a",
+    "TrackedObject": "RIHS01_3feae2f15953814466d9c0b88485f423d18d94c351877d8fd1645270222c3526",
+    "TrackedObjectKinematics": "RIHS01_9bcc5af91f7802926c091b89fea44d29f8ce04cb34bd62b98844afab21e49ec7",
+    "ObjectClassification": "RIHS01_38131fef2df46486c20c12c238faf778328309f4c3e9daa6ffd621732e48dd19",
+    "Shape": "RIHS01_1a32ac3073c17e4822d39b7f4c263eb1c4a2bacbf707d6db96e77e867063562b",
+}
+
 REQUIRED_EXEC_DEPENDS = {
     "rclpy", "sensor_msgs", "std_msgs", "geometry_msgs", "visualization_msgs", "vision_msgs",
     "diagnostic_msgs", "builtin_interfaces", "rcl_interfaces", "ament_index_python",
@@ -311,6 +322,20 @@ def test_livox_custom_msg_definitions_match_the_driver():
             assert [line for line in lines if line] == fields, f"{package}/{name}"
 
 
+def test_autoware_type_hashes_follow_from_the_shipped_msg_files():
+    """rosbags' own RIHS01 implementation, on the shipped .msg text, gives the hashes the built package carries."""
+    from rosbags.typesys import Stores, get_typestore, get_types_from_msg
+
+    store = get_typestore(Stores.ROS2_JAZZY)
+    types = {}
+    for f in sorted((REPO / "livox_infer" / "interfaces" / "autoware_perception_msgs" / "msg").glob("*.msg")):
+        types.update(get_types_from_msg(f.read_text(), f"autoware_perception_msgs/msg/{f.stem}"))
+    assert len(types) >= 19
+    store.register(types)
+    for name, expected in AUTOWARE_PERCEPTION_TYPE_HASHES.items():
+        assert store.hash_rihs01(f"autoware_perception_msgs/msg/{name}") == expected, name
+
+
 def test_vision_msgs_definitions_match_vision_msgs_4():
     """The shipped .msg files carry exactly the vision_msgs 4.x fields (comments aside)."""
     expected = {
@@ -329,7 +354,8 @@ def test_vision_msgs_definitions_match_vision_msgs_4():
 
 @pytest.mark.ros
 @pytest.mark.parametrize("package, hashes", [("vision_msgs", VISION_MSGS_TYPE_HASHES),
-                                             ("livox_ros_driver2", LIVOX_DRIVER_TYPE_HASHES)])
+                                             ("livox_ros_driver2", LIVOX_DRIVER_TYPE_HASHES),
+                                             ("autoware_perception_msgs", AUTOWARE_PERCEPTION_TYPE_HASHES)])
 def test_interface_types_carry_the_upstream_type_hashes(package: str, hashes: dict[str, str]):
     """What a publisher advertises on the graph is what real subscribers of these types check."""
     rclpy = pytest.importorskip("rclpy")

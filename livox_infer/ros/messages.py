@@ -85,19 +85,23 @@ def stamp_to_ns(stamp) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
-def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None):
+def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None,
+                      track_ids=None):
     """Detections (boxes (M,7), labels, scores) → vision_msgs/Detection3DArray.
 
     The header is copied from ``header`` (the input cloud's), with ``frame_id`` overriding
     its frame when given. Each Detection3D carries one hypothesis (class name, score), the box
     centre + yaw quaternion and its size (l, w, h); the hypothesis pose repeats the box pose
-    as vision_msgs consumers (e.g. Autoware) expect.
+    as vision_msgs consumers (e.g. Autoware) expect. ``track_ids`` (M,): ``Detection3D.id`` = the
+    track id as a decimal string, "" for 0 (no confirmed track).
     """
     from vision_msgs.msg import Detection3D, Detection3DArray, ObjectHypothesisWithPose
 
     boxes = to_numpy(detections.boxes).reshape(-1, 7).astype(np.float64)
     scores = to_numpy(detections.scores).reshape(-1).astype(np.float64)
     names = detection_class_names(detections, len(boxes))
+    if track_ids is None:  # set by the node's tracking (livox_infer/ros/tracks.py)
+        track_ids = getattr(detections, "track_ids", None)
     out = Detection3DArray()
     out.header = _header(header, stamp_ns, frame_id)
     for i, box in enumerate(boxes):
@@ -113,7 +117,79 @@ def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, f
         hyp.pose.pose = pose
         det.results = [hyp]
         det.bbox.size.x, det.bbox.size.y, det.bbox.size.z = (float(v) for v in box[3:6])
+        if track_ids is not None and int(track_ids[i]) > 0:
+            det.id = str(int(track_ids[i]))
         out.detections.append(det)
+    return out
+
+
+# autoware_perception_msgs/ObjectClassification labels of this package's class names (others: UNKNOWN = 0)
+AUTOWARE_LABELS = {"car": 1, "pedestrian": 7, "cyclist": 6}  # CAR, PEDESTRIAN, BICYCLE
+STATIONARY_SPEED = 0.5  # m/s: is_stationary below this
+HEADING_SPEED = 1.0  # m/s: above it the tracker points the yaw along the motion (orientation AVAILABLE)
+
+
+def track_uuid(session: bytes, track_id: int) -> bytes:
+    """16-byte object id of a track: 8 bytes of the node's session (random at start) + the id (big-endian)."""
+    return bytes(session[:8]).ljust(8, b"\0") + int(track_id).to_bytes(8, "big")
+
+
+def tracks_to_msg(tracks, class_names, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None,
+                  session: bytes = bytes(8)):
+    """A tracker's TrackFrame → autoware_perception_msgs/TrackedObjects (the confirmed tracks of the frame).
+
+    Per object: ``object_id`` = :func:`track_uuid`; ``existence_probability`` and the one classification's
+    probability = the latest detection's score; pose = box centre + yaw in the header's frame, with the filter's
+    x/y covariance; twist in the object's own frame (Autoware's convention: linear.x along the heading, linear.y
+    to its left, angular.z = yaw rate) with the velocity covariance rotated likewise; shape BOUNDING_BOX with
+    l, w, h. ``orientation_availability`` AVAILABLE above 1 m/s (the yaw then points along the motion), else
+    SIGN_UNKNOWN (the detector's box axis has no front); ``is_stationary`` below 0.5 m/s.
+    """
+    from autoware_perception_msgs.msg import (ObjectClassification, Shape, TrackedObject, TrackedObjectKinematics,
+                                              TrackedObjects)
+
+    out = TrackedObjects()
+    out.header = _header(header, stamp_ns, frame_id)
+    boxes = to_numpy(tracks.boxes).reshape(-1, 7).astype(np.float64)
+    vel = to_numpy(tracks.velocities).reshape(-1, 2).astype(np.float64)
+    cov = tracks.covariances
+    for i, box in enumerate(boxes):
+        obj = TrackedObject()
+        obj.object_id.uuid = np.frombuffer(track_uuid(session, int(tracks.track_ids[i])), np.uint8).copy()
+        score = float(np.clip(tracks.scores[i], 0.0, 1.0))
+        obj.existence_probability = score
+        label = int(tracks.labels[i])
+        name = class_names[label] if 0 <= label < len(class_names) else ""
+        cls = ObjectClassification()
+        cls.label = AUTOWARE_LABELS.get(name, ObjectClassification.UNKNOWN)
+        cls.probability = score
+        obj.classification = [cls]
+        k = obj.kinematics
+        pose = k.pose_with_covariance.pose
+        pose.position.x, pose.position.y, pose.position.z = (float(v) for v in box[:3])
+        qx, qy, qz, qw = yaw_to_quaternion(box[6])
+        pose.orientation.x, pose.orientation.y, pose.orientation.z, pose.orientation.w = qx, qy, qz, qw
+        c, s_ = math.cos(box[6]), math.sin(box[6])
+        to_body = np.array([[c, s_], [-s_, c]])
+        v_body = to_body @ vel[i]
+        tw = k.twist_with_covariance.twist
+        tw.linear.x, tw.linear.y = float(v_body[0]), float(v_body[1])
+        tw.angular.z = float(tracks.yaw_rates[i])
+        pc = np.zeros(36)
+        tc = np.zeros(36)
+        if cov is not None:
+            P = np.asarray(cov[i], np.float64)
+            pc[[0, 1, 6, 7]] = P[:2, :2].reshape(-1)
+            tc[[0, 1, 6, 7]] = (to_body @ P[2:, 2:] @ to_body.T).reshape(-1)
+        k.pose_with_covariance.covariance = pc
+        k.twist_with_covariance.covariance = tc
+        speed = float(np.hypot(*vel[i]))
+        k.orientation_availability = (TrackedObjectKinematics.AVAILABLE if speed > HEADING_SPEED
+                                      else TrackedObjectKinematics.SIGN_UNKNOWN)
+        k.is_stationary = speed < STATIONARY_SPEED
+        obj.shape.type = Shape.BOUNDING_BOX
+        obj.shape.dimensions.x, obj.shape.dimensions.y, obj.shape.dimensions.z = (float(v) for v in box[3:6])
+        out.objects.append(obj)
     return out
 
 
@@ -144,10 +220,13 @@ def msg_to_arrays(msg) -> DetectionArrays:
 
 def detections_to_markers(detections, header=None, *, stamp_ns: int | None = None,
                           frame_id: str | None = None, namespace: str = "livox_infer",
-                          line_width: float = 0.06, text_height: float = 0.6):
+                          line_width: float = 0.06, text_height: float = 0.6, track_ids=None, tracks=None):
     """Detections → visualization_msgs/MarkerArray: DELETEALL, then per box a LINE_LIST of its
     12 edges and a TEXT_VIEW_FACING "class score" label above it, coloured per class.
 
+    With ``track_ids`` (M,) a tracked box's label reads "#id class score"; with ``tracks`` (a tracker's
+    TrackFrame) each confirmed track also gets an ARROW (namespace ``<ns>/velocities``) from its centre to where
+    it will be in 1 s at its velocity (tracks slower than 0.2 m/s get none).
     The leading DELETEALL clears the previous frame's markers, so boxes that disappeared never
     linger in RViz whatever the count of the new frame.
     """
@@ -158,6 +237,10 @@ def detections_to_markers(detections, header=None, *, stamp_ns: int | None = Non
     boxes = to_numpy(detections.boxes).reshape(-1, 7).astype(np.float64)
     scores = to_numpy(detections.scores).reshape(-1)
     names = detection_class_names(detections, len(boxes))
+    if track_ids is None:
+        track_ids = getattr(detections, "track_ids", None)
+    if tracks is None:
+        tracks = getattr(detections, "tracks", None)
     out = MarkerArray()
     clear = Marker()
     clear.header = hdr
@@ -189,7 +272,30 @@ def detections_to_markers(detections, header=None, *, stamp_ns: int | None = Non
         label.scale.z = text_height
         label.color.r, label.color.g, label.color.b, label.color.a = r, g, b, a
         label.text = f"{names[i]} {float(scores[i]):.2f}"
+        if track_ids is not None and int(track_ids[i]) > 0:
+            label.text = f"#{int(track_ids[i])} {label.text}"
         out.markers.append(label)
+    if tracks is not None:
+        tboxes = to_numpy(tracks.boxes).reshape(-1, 7).astype(np.float64)
+        tvel = to_numpy(tracks.velocities).reshape(-1, 2).astype(np.float64)
+        tnames = detection_class_names(tracks, len(tboxes))
+        for i, box in enumerate(tboxes):
+            if float(np.hypot(*tvel[i])) < 0.2:
+                continue
+            r, g, b, a = CLASS_COLORS.get(tnames[i], _UNKNOWN_COLOR)
+            arrow = Marker()
+            arrow.header = hdr
+            arrow.ns = f"{namespace}/velocities"
+            arrow.id = int(tracks.track_ids[i])
+            arrow.type = Marker.ARROW
+            arrow.action = Marker.ADD
+            arrow.pose.orientation.w = 1.0
+            arrow.scale.x, arrow.scale.y, arrow.scale.z = 0.15, 0.3, 0.3  # shaft, head diameter, head length
+            arrow.color.r, arrow.color.g, arrow.color.b, arrow.color.a = r, g, b, a
+            z = float(box[2] + 0.5 * box[5])
+            arrow.points = [Point(x=float(box[0]), y=float(box[1]), z=z),
+                            Point(x=float(box[0] + tvel[i, 0]), y=float(box[1] + tvel[i, 1]), z=z)]
+            out.markers.append(arrow)
     return out
 
 

@@ -18,7 +18,8 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
 Output: :class:`TrackFrame` with the track id of each detection (0 = none, or not confirmed yet) and the confirmed
 tracks seen in this frame, with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
 relative to the sensor otherwise) and yaw rate. Without poses the tracker says so in ``ego_motion``.
-A stamp that goes back or jumps by more than ``max_gap_s`` restarts the tracks (counted in ``resets``);
+A stamp that goes back or jumps by more than ``max_gap_s`` restarts the tracks (counted in ``resets``; the same
+stamp again is a frame without motion);
 non-finite boxes are dropped and counted (``rejected_boxes``).
 """
 
@@ -104,6 +105,7 @@ class TrackFrame:
     yaw_rates: np.ndarray  # (K,) float32 rad/s
     ages: np.ndarray  # (K,) int64 frames since birth
     ego_motion: bool  # poses were given: velocities are over ground
+    covariances: np.ndarray | None = None  # (K, 4, 4) filter covariance of x, y, vx, vy in the cloud frame's axes
 
 
 def _wrap(a: float) -> float:
@@ -147,6 +149,11 @@ class Tracker:
         return len(self._tracks)
 
     @property
+    def ego_motion(self) -> bool | None:
+        """Whether the last frame came with a pose (None before the first frame)."""
+        return self._last_pose_given
+
+    @property
     def confirmed_tracks(self) -> int:
         return sum(t.confirmed for t in self._tracks)
 
@@ -176,7 +183,7 @@ class Tracker:
         dt = 0.0
         if self._last_stamp is not None:
             dt = (stamp_ns - self._last_stamp) * 1e-9
-            if dt <= 0.0 or dt > self.config.max_gap_s or pose_given != self._last_pose_given:
+            if dt < 0.0 or dt > self.config.max_gap_s or pose_given != self._last_pose_given:
                 # time went back (a looped bag), the stream stalled, or the frame of the states changed
                 self.resets += 1
                 self._tracks = []
@@ -304,15 +311,20 @@ class Tracker:
         k = len(shown)
         boxes = np.zeros((k, 7), np.float64)
         vel = np.zeros((k, 2), np.float64)
+        cov = np.zeros((k, 4, 4), np.float64)
         for i, t in enumerate(shown):
-            xy, v, yaw = t.x[:2], t.x[2:4], t.yaw
+            xy, v, yaw, P = t.x[:2], t.x[2:4], t.yaw, t.P
             if pose is not None:  # back into the cloud's frame
                 rot, trans = pose[:2, :2], pose[:2, 3]
                 xy = rot.T @ (xy - trans)
                 v = rot.T @ v
                 yaw = _wrap(yaw - math.atan2(pose[1, 0], pose[0, 0]))
+                r4 = np.zeros((4, 4))
+                r4[:2, :2] = r4[2:, 2:] = rot.T
+                P = r4 @ P @ r4.T
             boxes[i] = [xy[0], xy[1], t.z, *t.size, yaw]
             vel[i] = v
+            cov[i] = P
         return TrackFrame(
             detection_track_ids=det_track,
             track_ids=np.array([t.track_id for t in shown], np.int64),
@@ -323,6 +335,7 @@ class Tracker:
             yaw_rates=np.array([t.yaw_rate for t in shown], np.float32),
             ages=np.array([t.age for t in shown], np.int64),
             ego_motion=pose is not None,
+            covariances=cov,
         )
 
     def diagnostics(self) -> dict[str, Any]:

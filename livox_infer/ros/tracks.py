@@ -1,0 +1,111 @@
+"""The node's tracking glue: runs `livox_infer.tracking.Tracker` after each frame, publishes
+``~/tracked_objects`` (autoware_perception_msgs/TrackedObjects) and reports in the diagnostics.
+
+Kept out of node.py: the node calls :meth:`NodeTracking.frame` with the frame's detections and stamp, and gets the
+track id of each detection (or None when tracking is off or failed) and the TrackFrame for the markers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from livox_infer import CLASS_NAMES
+from livox_infer.ros import messages as ros_msgs
+from livox_infer.tracking import TrackFrame, Tracker, TrackerConfig
+
+TRACKED_TOPIC = "~/tracked_objects"
+
+
+def tracked_objects_class():
+    """autoware_perception_msgs TrackedObjects, or None when that interface package is not installed."""
+    try:
+        from autoware_perception_msgs.msg import TrackedObjects
+    except ImportError:
+        return None
+    return TrackedObjects
+
+
+class NodeTracking:
+    """One tracker per node; ``values`` are the node's parameters (read at every frame, so a change of
+    tracking_* applies at the next frame, and tracking: false drops the tracks)."""
+
+    def __init__(self, node, values: Callable[[], dict[str, Any]], poses: Callable[[], Any] = lambda: None,
+                 qos=None) -> None:
+        self._node = node
+        self._values = values
+        self._poses = poses  # -> livox_infer.accumulate.PoseBuffer when odometry is subscribed, else None
+        self._session = os.urandom(8)
+        self.failed = 0
+        self.last_error = ""
+        self.tracker: Tracker | None = None
+        cls = tracked_objects_class()
+        self.publisher = node.create_publisher(cls, TRACKED_TOPIC, qos) if cls is not None else None
+        if cls is None:
+            node.get_logger().warning(f"autoware_perception_msgs is not installed: {TRACKED_TOPIC} is not published "
+                                      "(track ids still go into Detection3D.id and the markers)")
+
+    def has_subscribers(self) -> int:
+        return self.publisher.get_subscription_count() if self.publisher is not None else 0
+
+    def frame(self, dets, stamp_ns: int, class_names, header, frame_id) -> tuple[np.ndarray | None, TrackFrame | None]:
+        """Track one frame's detections; publish the tracked objects. (track id per detection, TrackFrame), or
+        (None, None) when tracking is off or the frame could not be tracked (counted, warned, throttled)."""
+        values = self._values()
+        if not values.get("tracking", False):
+            self.tracker = None
+            return None, None
+        config = TrackerConfig.from_params(values)
+        if self.tracker is None:
+            self.tracker = Tracker(config, tuple(class_names))
+        elif self.tracker.config != config:
+            self.tracker.config = config
+        buffer = self._poses()
+        pose = buffer.at(int(stamp_ns)) if buffer is not None else None
+        try:
+            tracks = self.tracker.update(ros_msgs.to_numpy(dets.boxes), ros_msgs.to_numpy(dets.labels),
+                                         ros_msgs.to_numpy(dets.scores), int(stamp_ns), pose)
+        except (ValueError, TypeError, IndexError) as exc:
+            self.failed += 1
+            self.last_error = f"tracking: {type(exc).__name__}: {exc}"
+            self._node.get_logger().warning(f"frame not tracked: {exc}", throttle_duration_sec=5.0)
+            return None, None
+        if self.publisher is not None:
+            if header is None:
+                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), stamp_ns=stamp_ns, frame_id=frame_id,
+                                             session=self._session)
+            else:
+                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), header, frame_id=frame_id,
+                                             session=self._session)
+            self.publisher.publish(msg)
+        return tracks.detection_track_ids, tracks
+
+    def annotate(self, dets, msg, frame_override: str | None) -> None:
+        """Track the frame ``dets`` came from (``msg``: the PointCloud2 or Cloud it was detected in) and set
+        ``dets.track_ids`` and ``dets.tracks``, which detections_to_msg / detections_to_markers then show."""
+        header = getattr(msg, "header", None)
+        if header is not None:
+            stamp_ns = ros_msgs.stamp_to_ns(header.stamp)
+            frame_id = frame_override
+        else:  # a Cloud (CustomMsg, merged or accumulated clouds)
+            stamp_ns = int(getattr(msg, "stamp_ns", 0) or 0)
+            frame_id = frame_override or str(getattr(msg, "frame_id", ""))
+        names = tuple(getattr(dets, "class_names", None) or CLASS_NAMES)
+        track_ids, tracks = self.frame(dets, stamp_ns, names, header, frame_id)
+        try:
+            dets.track_ids, dets.tracks = track_ids, tracks
+        except AttributeError:  # an object that takes no attributes: the frame goes out without ids
+            pass
+
+    def diagnostics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tracking": "on" if self._values().get("tracking", False) else "off",
+                               "tracked_objects": TRACKED_TOPIC if self.publisher is not None else
+                               "not published (autoware_perception_msgs not installed)",
+                               "tracking_failed": self.failed}
+        if self.tracker is not None:
+            out.update(self.tracker.diagnostics())
+            if self.tracker.ego_motion is False and self._poses() is not None:
+                out["tracking_ego_motion"] = "none: no odometry within 0.2 s of the cloud's stamp"
+        return out
