@@ -95,6 +95,7 @@ class NodeStats:
     over_budget: int = 0  # clouds thinned to max_points (processed, but not all points used)
     skipped_no_subscribers: int = 0
     odometry_rejected: int = 0  # nav_msgs/Odometry with a non-finite position or no quaternion (not used)
+    tf_failed: int = 0  # TF lookups that failed (output_frame, TF extrinsics, TF poses): the frame went out empty
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
     latency_window: int = 300
@@ -110,7 +111,7 @@ class NodeStats:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
                                                "over_budget", "skipped_no_subscribers", "odometry_rejected",
-                                               "last_error")}
+                                               "tf_failed", "last_error")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -184,6 +185,7 @@ class DetectorNode(Node):
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
         self._rig_options: dict[str, Any] = {}  # pipeline options a rig file fixes
+        self._tf = self._make_tf()  # None: no TF needed (output_frame, odometry_frame unset)
         self._assembler = self._make_assembler()  # None: one topic, one frame at a time (the plain path)
 
         self.stats = NodeStats(latency_window=int(self._values["latency_window"]))
@@ -194,12 +196,12 @@ class DetectorNode(Node):
         self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
         self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
-        self._pipeline = None
-        self.get_logger().info(node_startup.describe_start(self._values))
         from livox_infer.ros.tracks import NodeTracking  # ~/tracked_objects, Detection3D.id (docs/tracking.md)
 
         self._tracking = NodeTracking(self, lambda: self._values, lambda: getattr(self, "_poses", None),
                                       QoSProfile(depth=5))
+        self._pipeline = None
+        self.get_logger().info(node_startup.describe_start(self._values))
         with node_startup.warming_up(self.get_logger(), self._publish_warming_up,
                                      float(self._values["diagnostics_period"]), self._describe_startup):
             # Raises (WeightsError, ConfigError, BackendError, ...) so a bad start-up stops the node.
@@ -467,9 +469,16 @@ class DetectorNode(Node):
             out = ros_msgs.detections_to_msg(dets, stamp_ns=msg.stamp_ns, frame_id=frame_override or msg.frame_id)
         else:
             out = ros_msgs.detections_to_msg(dets, header, frame_id=frame_override)
-        self._det_pub.publish(out)
+        markers = None
         if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
-            self._marker_pub.publish(ros_msgs.detections_to_markers(dets, out.header))
+            markers = ros_msgs.detections_to_markers(dets, out.header)
+        target = self._values["output_frame"]
+        if target and out.header.frame_id != target:  # into output_frame at the cloud's stamp, or empty
+            out, markers, moved = self._to_output_frame(out, markers, target)
+            succeeded = succeeded and moved
+        self._det_pub.publish(out)
+        if markers is not None:
+            self._marker_pub.publish(markers)
         done = time.monotonic()
         if not succeeded:
             return
@@ -506,6 +515,60 @@ class DetectorNode(Node):
             self.get_logger().warning(
                 f"cloud over the point budget: {thinned} points dropped to keep max_points="
                 f"{self._values['max_points']}", throttle_duration_sec=WARN_THROTTLE_S)
+
+    # ------------------------------------------------------------------ TF
+    def _make_tf(self):
+        """A TfLookup (tf2_ros Buffer + TransformListener on this node) when a parameter needs TF, else None."""
+        v = self._values
+        if not (v["output_frame"] or v["odometry_frame"]):
+            return None
+        from livox_infer.ros.tf import TfLookup
+
+        tf = TfLookup(self)
+        if not tf.available:
+            self.get_logger().error(
+                f"tf2_ros cannot be imported ({tf.unavailable}): output_frame / odometry_frame need TF, so every frame "
+                "is published empty (counted as frames_tf_failed). Source a ROS 2 install, or build it for the venv: "
+                "scripts/setup_tf2.sh, then source .venv/ros2_tf2/setup.sh")
+        return tf
+
+    def _lookup(self, target: str, source: str, stamp_ns: int, timeout_s: float, what: str):
+        """4x4 transform source -> target at stamp_ns, or None after counting and warning (throttled)."""
+        from livox_infer.ros.tf import TransformUnavailable
+
+        try:
+            return self._tf.matrix(target, source, stamp_ns, timeout_s)
+        except TransformUnavailable as exc:
+            reason = f"TF {what} {source or '(no frame_id)'} -> {target} at {stamp_ns / 1e9:.3f} s: {exc}"
+            with self.stats.lock:
+                self.stats.tf_failed += 1
+                self.stats.last_error = reason
+            self.get_logger().warning(f"{reason}; publishing no detections for this frame",
+                                      throttle_duration_sec=WARN_THROTTLE_S)
+            return None
+
+    def _to_output_frame(self, out, markers, target: str):
+        """Detections (and markers) moved into ``target`` with TF at their stamp: (out, markers, True); when the
+        lookup fails an empty array in ``target`` (and a DELETEALL): (out, markers, False). Never the wrong frame."""
+        from livox_infer.ros.tf import transform_detections, transform_markers
+
+        transform = self._lookup(target, out.header.frame_id, ros_msgs.stamp_to_ns(out.header.stamp),
+                                 float(self._values["tf_timeout"]), "output_frame")
+        if transform is None:
+            empty = ros_msgs.detections_to_msg(_EmptyDetections(), out.header, frame_id=target)
+            return empty, (None if markers is None else
+                           ros_msgs.detections_to_markers(_EmptyDetections(), empty.header)), False
+        transform_detections(out, transform, target)
+        if markers is not None:
+            transform_markers(markers, transform, target)
+        return out, markers, True
+
+    def _publish_empty(self, stamp_ns: int, frame_id: str) -> None:
+        """The answer for a cloud that cannot be placed (a TF lookup failed before detection): no boxes."""
+        out = ros_msgs.detections_to_msg(_EmptyDetections(), stamp_ns=stamp_ns, frame_id=frame_id)
+        self._det_pub.publish(out)
+        if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
+            self._marker_pub.publish(ros_msgs.detections_to_markers(_EmptyDetections(), out.header))
 
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
@@ -551,6 +614,7 @@ class DetectorNode(Node):
             "input_rate_hz": (snap["received"] - received0) / dt,
             "processed_rate_hz": (snap["processed"] - processed0) / dt,
         }
+        values.update(self._tracking.diagnostics())
         for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "over_budget",
                   "skipped_no_subscribers"):
             values[f"frames_{k}"] = snap[k]
@@ -560,6 +624,10 @@ class DetectorNode(Node):
             values[f"latency_{stage}_p50_ms"] = p50
             values[f"latency_{stage}_p99_ms"] = p99
         values["last_error"] = snap["last_error"]
+        if self._tf is not None:
+            values["output_frame"] = self._values["output_frame"] or "(the cloud's)"
+            values["tf"] = "tf2_ros" if self._tf.available else f"unavailable: {self._tf.unavailable}"
+            values["frames_tf_failed"] = snap["tf_failed"]
         if self._assembler is not None:
             values.update(self._assembler_diagnostics())
         compile_error = getattr(self._pipeline, "compile_error", None)
@@ -569,6 +637,9 @@ class DetectorNode(Node):
             level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
         elif snap["rejected"]:
             level, message = "warn", f"{snap['rejected']} malformed clouds rejected (last: {snap['last_error']})"
+        elif snap["tf_failed"]:
+            level, message = "warn", (f"{snap['tf_failed']} TF lookups failed, those frames published empty "
+                                      f"(last: {snap['last_error']})")
         elif snap["odometry_rejected"]:
             level, message = "warn", f"{snap['odometry_rejected']} odometry messages rejected (last: {snap['last_error']})"
         elif compile_error:
@@ -605,7 +676,6 @@ class DetectorNode(Node):
         """A FrameAssembler when clouds are merged (rig / input_topics) or accumulated; None otherwise."""
         from livox_infer.accumulate import PoseBuffer
         from livox_infer.rig import FrameAssembler, Rig, rig_pipeline_options, same_frame_rig
-        values.update(self._tracking.diagnostics())
 
         v = self._values
         if v["rig"]:
@@ -617,13 +687,21 @@ class DetectorNode(Node):
                 raise ConfigError(f"rig: {exc}") from None
             rig = Rig.load(path)
             self._rig_options = rig_pipeline_options(rig)
+        elif v["input_topics"] and v["output_frame"]:
+            # a rig described by TF: each topic's cloud moved into output_frame (its frame_id -> output_frame),
+            # then merged and detected there, as a rig file with the same extrinsics (ground, grid: the parameters)
+            same = same_frame_rig(v["input_topics"], v["sensor"])
+            height = "auto" if v["estimate_ground"] else float(v["sensor_height"])
+            rig = Rig(v["output_frame"], same.sensors, same.merge_tolerance_ms, None, height)
+            self._rig_options = rig_pipeline_options(rig)
         elif v["input_topics"]:
             rig = same_frame_rig(v["input_topics"], v["sensor"])
-        elif v["accumulate_frames"] > 1 or v["odometry_topic"]:
+        elif v["accumulate_frames"] > 1 or v["odometry_topic"] or v["odometry_frame"]:
             rig = same_frame_rig([v["input_topic"]], v["sensor"])
         else:
             return None
-        self._poses = PoseBuffer() if v["odometry_topic"] else None
+        self._tf_rig = bool(v["input_topics"] and v["output_frame"])
+        self._poses = PoseBuffer() if v["odometry_topic"] or v["odometry_frame"] else None
         return FrameAssembler(rig, int(v["accumulate_frames"]), float(v["accumulate_ms"]), self._poses)
 
     def _subscribe_assembled(self, qos) -> None:
@@ -646,6 +724,16 @@ class DetectorNode(Node):
 
         try:  # decoded here (not in the worker): every frame must reach the merger and the accumulator
             cloud = custom_msg_cdr_to_cloud(msg) if custom else decode_pointcloud2(msg)
+        except Exception as exc:  # noqa: BLE001 - malformed input must never kill the node
+            with self.stats.lock:
+                self.stats.received += 1
+            self._reject(f"{sensor}: {exc}")
+            return
+        if self._tf is not None:
+            cloud = self._place_with_tf(sensor, cloud)
+            if cloud is None:
+                return
+        try:
             outside = self._assembler.outside_grid[sensor]
             clouds = self._assembler.add(sensor, cloud)
         except Exception as exc:  # noqa: BLE001 - malformed input must never kill the node
@@ -658,6 +746,34 @@ class DetectorNode(Node):
                                       throttle_duration_sec=6 * WARN_THROTTLE_S)
         for merged in clouds:
             self._offer(merged)
+
+    def _place_with_tf(self, sensor: str, cloud):
+        """TF for one sensor's cloud before it is merged: moved into output_frame (a TF-described rig) and its pose
+        in odometry_frame (accumulation) recorded. None after a failed lookup (counted, warned): a single sensor's
+        frame is then answered with an empty Detection3DArray; in a rig of several the others' frame goes out
+        without this sensor (the merger counts it missing)."""
+        from livox_infer.rig import transform_cloud
+
+        v = self._values
+        frame = v["output_frame"] if self._tf_rig else (self._assembler.rig.output_frame or cloud.frame_id)
+        if self._tf_rig:
+            extrinsic = self._lookup(frame, cloud.frame_id, cloud.stamp_ns, 0.0, f"extrinsic of {sensor}")
+            if extrinsic is None:
+                return self._unplaced(cloud, frame)
+            cloud = transform_cloud(cloud, extrinsic, frame)
+        if v["odometry_frame"]:
+            pose = self._lookup(v["odometry_frame"], frame, cloud.stamp_ns, 0.0, "pose")
+            if pose is None:
+                return self._unplaced(cloud, frame)
+            self._poses.add(cloud.stamp_ns, pose)
+        return cloud
+
+    def _unplaced(self, cloud, frame: str) -> None:
+        with self.stats.lock:
+            self.stats.received += 1
+        if len(self._assembler.rig.sensors) == 1 and self._has_output_subscribers():
+            self._publish_empty(cloud.stamp_ns, self._values["output_frame"] or frame)
+        return None
 
     def _on_odometry(self, msg) -> None:
         from livox_infer.accumulate import pose_matrix
