@@ -3,7 +3,9 @@
 INPUT: a rosbag2 (directory, .db3 or .mcap; PointCloud2 in any layout or Livox CustomMsg), one or
 more .pcd/.bin files, or a directory of them. One JSON line per frame:
 ``{"stamp": ns, "frame_id": str, "source": str, "latency_ms": float, "timings_ms": {...},
-"sensor_height": m, "boxes": [{"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}, ...]}``.
+"sensor_height": m, "boxes": [{"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}, ...]}``; from a bag,
+tracked (``--no-tracking`` to skip, docs/tracking.md), each box adds ``"track_id"`` (0 until its track is confirmed)
+and, with a confirmed track, ``"vx", "vy"`` (m/s, relative to the sensor) and ``"yaw_rate"`` (rad/s).
 Optional: ``--bev-dir`` writes a bird's-eye PNG per frame, ``--out-bag`` a rosbag2 with the clouds
 and the detections (vision_msgs/Detection3DArray on /livox_infer/detections) for RViz / Foxglove.
 ``--out-dir DIR`` instead of ``--out`` runs over an archive (one output per recording, a resumable
@@ -21,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
-from livox_infer.params import add_cli_options
+from livox_infer.params import DEFAULTS, add_cli_options
 from livox_infer.tools.bev_plot import save_bev_png
-from livox_infer.tools.detect_io import build_pipeline, detection_row, iter_frames, write_annotated
+from livox_infer.tools.detect_io import build_pipeline, detection_row, is_bag, iter_frames, track_frame, write_annotated
 
 
 def out_bag_storage(path: str, storage: str | None) -> str:
@@ -56,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--score-threshold", type=float, default=None, help="one score threshold for every class")
     p.add_argument("--tag-filter", default=None, choices=("off", "high_confidence", "strict"),
                    help="Livox tag noise filter (default: the --sensor preset's, else high_confidence)")
+    p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=DEFAULTS["tracking"],
+                   help="track the boxes of a bag's frames: track_id, vx, vy, yaw_rate per box in the JSONL "
+                        "(docs/tracking.md; point files carry no time: not tracked) (default %(default)s)")
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
@@ -133,10 +138,15 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w")
         n = 0
         latencies = []
+        # tracking needs time: bags (one tracker per topic); point files are numbered, not stamped
+        track = bool(args.tracking) and not args.rig and all(is_bag(Path(i)) for i in args.input)
+        trackers: dict = {}
         for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
             if args.max_frames is not None and n >= args.max_frames:
                 break
             det = pipe.detect(cloud)
+            if track:
+                track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes)
             latencies.append(det.timings_ms["total"])
             out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
             if bev_dir:

@@ -112,13 +112,41 @@ def build_pipeline(args: argparse.Namespace, rig=None):
 
 
 def detection_row(source: str, cloud: Cloud, det) -> dict:
-    """One JSONL row: a frame's detections (the format in the module docstring)."""
+    """One JSONL row: a frame's detections (the format in the module docstring). A tracked frame (``det.track_ids``
+    and ``det.tracks`` set by :func:`track_frame`) adds ``track_id`` per box (0: no confirmed track) and, for boxes
+    of a confirmed track, ``vx``, ``vy`` (m/s, the cloud frame's axes, relative to the sensor) and ``yaw_rate``
+    (rad/s)."""
+    boxes = det.to_dicts()
+    track_ids = getattr(det, "track_ids", None)
+    tracks = getattr(det, "tracks", None)
+    if track_ids is not None and tracks is not None:
+        by_id = {int(t): i for i, t in enumerate(tracks.track_ids)}
+        for box, tid in zip(boxes, track_ids):
+            box["track_id"] = int(tid)
+            i = by_id.get(int(tid))
+            if i is not None:
+                box["vx"], box["vy"] = (round(float(v), 3) for v in tracks.velocities[i])
+                box["yaw_rate"] = round(float(tracks.yaw_rates[i]), 4)
     return {
         "stamp": int(cloud.stamp_ns), "frame_id": cloud.frame_id, "source": source,
         "latency_ms": round(det.timings_ms["total"], 3),
         "timings_ms": {k: round(v, 3) for k, v in det.timings_ms.items()},
-        "sensor_height": round(det.sensor_height, 3), "boxes": det.to_dicts(),
+        "sensor_height": round(det.sensor_height, 3), "boxes": boxes,
     }
+
+
+def track_frame(trackers: dict, source: str, det, stamp_ns: int, classes) -> None:
+    """Track ``det`` with the tracker of its stream ``source`` (made on first use from the parameter table's
+    tracking defaults) and set ``det.track_ids`` / ``det.tracks``; no poses: velocities relative to the sensor."""
+    from livox_infer.params import DEFAULTS, class_params
+    from livox_infer.tracking import Tracker, TrackerConfig
+
+    tracker = trackers.get(source)
+    if tracker is None:
+        values = {**DEFAULTS, **{p.name: p.default for p in class_params()}}
+        tracker = trackers[source] = Tracker(TrackerConfig.from_params(values), tuple(classes))
+    tracks = tracker.update(det.boxes, det.labels, det.scores, int(stamp_ns), None)
+    det.track_ids, det.tracks = tracks.detection_track_ids, tracks
 
 
 def write_annotated(writer, cloud: Cloud, det) -> None:
