@@ -17,6 +17,7 @@ through rosbags (:func:`to_rosbags_message`, :func:`pointcloud2_to_cdr`, :func:`
 from __future__ import annotations
 
 import functools
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -41,6 +42,12 @@ POINTCLOUD2 = "sensor_msgs/msg/PointCloud2"
 DETECTION3D_ARRAY = "vision_msgs/msg/Detection3DArray"
 CLOUD_TYPES = (POINTCLOUD2, *CUSTOM_MSG_TYPES)
 DEFAULT_GT_TOPIC = "/livox_infer/ground_truth"
+DEFAULT_GT_TRACKS_TOPIC = "/livox_infer/ground_truth_tracks"
+DEFAULT_ODOMETRY_TOPIC = "/livox_infer/odometry"
+ODOMETRY = "nav_msgs/msg/Odometry"
+TRACKED_OBJECTS = "autoware_perception_msgs/msg/TrackedObjects"
+# autoware_perception_msgs/ObjectClassification labels of CLASS_NAMES (CAR, PEDESTRIAN, BICYCLE)
+AUTOWARE_LABELS = {"car": 1, "pedestrian": 7, "cyclist": 6}
 STORAGES = ("sqlite3", "mcap")
 
 # --------------------------------------------------------------------------- typestore
@@ -127,8 +134,9 @@ def _check_boxes(boxes: Any, labels: Any, scores: Any) -> tuple[np.ndarray, np.n
 
 
 def detection3d_array_message(stamp_ns: int, frame_id: str, boxes: Any, labels: Any, scores: Any = None,
-                              store: Any = None) -> Any:
-    """A rosbags vision_msgs/msg/Detection3DArray for boxes (M,7) [x,y,z,l,w,h,yaw] (z = centre)."""
+                              store: Any = None, ids: Any = None) -> Any:
+    """A rosbags vision_msgs/msg/Detection3DArray for boxes (M,7) [x,y,z,l,w,h,yaw] (z = centre); Detection3D.id =
+    ``ids[i]`` (e.g. the simulator's object id), else the index."""
     boxes, labels, scores = _check_boxes(boxes, labels, scores)
     t = (store or typestore()).types
     Time, Header = t["builtin_interfaces/msg/Time"], t["std_msgs/msg/Header"]
@@ -146,7 +154,8 @@ def detection3d_array_message(stamp_ns: int, frame_id: str, boxes: Any, labels: 
         )
         bbox = t["vision_msgs/msg/BoundingBox3D"](
             center=pose, size=t["geometry_msgs/msg/Vector3"](x=float(box[3]), y=float(box[4]), z=float(box[5])))
-        detections.append(t["vision_msgs/msg/Detection3D"](header=header, results=[hypothesis], bbox=bbox, id=str(i)))
+        det_id = str(int(ids[i])) if ids is not None else str(i)
+        detections.append(t["vision_msgs/msg/Detection3D"](header=header, results=[hypothesis], bbox=bbox, id=det_id))
     return t[DETECTION3D_ARRAY](header=header, detections=detections)
 
 
@@ -419,8 +428,145 @@ class BagWriter:
         self.write_raw(topic, msgtype, raw, stamp_ns if timestamp_ns is None else timestamp_ns)
 
     def write_detections(self, topic: str, stamp_ns: int, frame_id: str, boxes: Any, labels: Any,
-                         scores: Any = None, timestamp_ns: int | None = None) -> None:
-        """Write a vision_msgs Detection3DArray (class_id = CLASS_NAMES[label], score 1 if None)."""
-        msg = detection3d_array_message(stamp_ns, frame_id, boxes, labels, scores, self._store)
+                         scores: Any = None, timestamp_ns: int | None = None, ids: Any = None) -> None:
+        """Write a vision_msgs Detection3DArray (class_id = CLASS_NAMES[label], score 1 if None, id = ids[i] or
+        the index)."""
+        msg = detection3d_array_message(stamp_ns, frame_id, boxes, labels, scores, self._store, ids)
         raw = self._store.serialize_cdr(msg, DETECTION3D_ARRAY)
         self.write_raw(topic, DETECTION3D_ARRAY, raw, stamp_ns if timestamp_ns is None else timestamp_ns)
+
+    def write_odometry(self, topic: str, stamp_ns: int, frame_id: str, child_frame_id: str, pose: Any) -> None:
+        """Write a nav_msgs/Odometry with the 4x4 ``pose`` (``frame_id``-from-``child_frame_id``); twist zero."""
+        t = self._store.types
+        pose = np.asarray(pose, dtype=np.float64).reshape(4, 4)
+        qx, qy, qz, qw = _quaternion(pose[:3, :3])
+        sec, nanosec = divmod(int(stamp_ns), 1_000_000_000)
+        msg = t[ODOMETRY](
+            header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
+                                            frame_id=str(frame_id)),
+            child_frame_id=str(child_frame_id),
+            pose=t["geometry_msgs/msg/PoseWithCovariance"](
+                pose=t["geometry_msgs/msg/Pose"](
+                    position=t["geometry_msgs/msg/Point"](x=float(pose[0, 3]), y=float(pose[1, 3]), z=float(pose[2, 3])),
+                    orientation=t["geometry_msgs/msg/Quaternion"](x=qx, y=qy, z=qz, w=qw)),
+                covariance=np.zeros(36, dtype=np.float64)),
+            twist=t["geometry_msgs/msg/TwistWithCovariance"](
+                twist=t["geometry_msgs/msg/Twist"](linear=t["geometry_msgs/msg/Vector3"](x=0.0, y=0.0, z=0.0),
+                                                   angular=t["geometry_msgs/msg/Vector3"](x=0.0, y=0.0, z=0.0)),
+                covariance=np.zeros(36, dtype=np.float64)))
+        self.write_raw(topic, ODOMETRY, self._store.serialize_cdr(msg, ODOMETRY), int(stamp_ns))
+
+    def write_tracked_objects(self, topic: str, stamp_ns: int, frame_id: str, boxes: Any, labels: Any, ids: Any,
+                              velocities: Any) -> None:
+        """Write ground-truth tracks as autoware_perception_msgs/TrackedObjects: object_id = the id (16 bytes,
+        big-endian), pose = box centre + heading, twist in the object's frame (linear.x along the heading),
+        shape BOUNDING_BOX l, w, h, existence probability 1."""
+        boxes, labels, _ = _check_boxes(boxes, labels, None)
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        vel = np.asarray(velocities, dtype=np.float64).reshape(-1, 2)
+        if len(ids) != len(boxes) or len(vel) != len(boxes):
+            raise PointCloudError(f"boxes ({len(boxes)}), ids ({len(ids)}) and velocities ({len(vel)}) disagree")
+        t = self._store.types
+        sec, nanosec = divmod(int(stamp_ns), 1_000_000_000)
+        header = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
+                                          frame_id=str(frame_id))
+        vec3 = t["geometry_msgs/msg/Vector3"]
+        objects = []
+        for box, label, oid, v in zip(boxes, labels, ids, vel):
+            yaw = float(box[6])
+            qx, qy, qz, qw = yaw_to_quaternion(yaw)
+            c, s_ = math.cos(yaw), math.sin(yaw)
+            kin = t["autoware_perception_msgs/msg/TrackedObjectKinematics"](
+                pose_with_covariance=t["geometry_msgs/msg/PoseWithCovariance"](
+                    pose=t["geometry_msgs/msg/Pose"](
+                        position=t["geometry_msgs/msg/Point"](x=float(box[0]), y=float(box[1]), z=float(box[2])),
+                        orientation=t["geometry_msgs/msg/Quaternion"](x=qx, y=qy, z=qz, w=qw)),
+                    covariance=np.zeros(36, dtype=np.float64)),
+                twist_with_covariance=t["geometry_msgs/msg/TwistWithCovariance"](
+                    twist=t["geometry_msgs/msg/Twist"](linear=vec3(x=c * v[0] + s_ * v[1], y=-s_ * v[0] + c * v[1], z=0.0),
+                                                       angular=vec3(x=0.0, y=0.0, z=0.0)),
+                    covariance=np.zeros(36, dtype=np.float64)),
+                acceleration_with_covariance=t["geometry_msgs/msg/AccelWithCovariance"](
+                    accel=t["geometry_msgs/msg/Accel"](linear=vec3(x=0.0, y=0.0, z=0.0),
+                                                       angular=vec3(x=0.0, y=0.0, z=0.0)),
+                    covariance=np.zeros(36, dtype=np.float64)),
+                orientation_availability=2, is_stationary=bool(np.hypot(*v) < 0.5))
+            objects.append(t["autoware_perception_msgs/msg/TrackedObject"](
+                object_id=t["unique_identifier_msgs/msg/UUID"](
+                    uuid=np.frombuffer(int(oid).to_bytes(16, "big", signed=True), dtype=np.uint8).copy()),
+                existence_probability=1.0,
+                classification=[t["autoware_perception_msgs/msg/ObjectClassification"](
+                    label=AUTOWARE_LABELS.get(CLASS_NAMES[int(label)], 0), probability=1.0)],
+                kinematics=kin,
+                shape=t["autoware_perception_msgs/msg/Shape"](
+                    type=0, footprint=t["geometry_msgs/msg/Polygon"](points=[]),
+                    dimensions=vec3(x=float(box[3]), y=float(box[4]), z=float(box[5])))))
+        msg = t[TRACKED_OBJECTS](header=header, objects=objects)
+        self.write_raw(topic, TRACKED_OBJECTS, self._store.serialize_cdr(msg, TRACKED_OBJECTS), int(stamp_ns))
+
+
+def _quaternion(rot: np.ndarray) -> tuple[float, float, float, float]:
+    """(x, y, z, w) of a rotation matrix."""
+    m = rot
+    w = math.sqrt(max(0.0, 1.0 + m[0, 0] + m[1, 1] + m[2, 2])) / 2
+    x = math.copysign(math.sqrt(max(0.0, 1.0 + m[0, 0] - m[1, 1] - m[2, 2])) / 2, m[2, 1] - m[1, 2])
+    y = math.copysign(math.sqrt(max(0.0, 1.0 - m[0, 0] + m[1, 1] - m[2, 2])) / 2, m[0, 2] - m[2, 0])
+    z = math.copysign(math.sqrt(max(0.0, 1.0 - m[0, 0] - m[1, 1] + m[2, 2])) / 2, m[1, 0] - m[0, 1])
+    return x, y, z, w
+
+
+class TrackFrameGT(NamedTuple):
+    stamp_ns: int
+    boxes: np.ndarray  # (M, 7)
+    labels: np.ndarray  # (M,)
+    ids: np.ndarray  # (M,) int64
+    velocities: np.ndarray  # (M, 2) m/s in the header frame's axes
+
+
+def read_tracked_objects(path: str | Path, topic: str = DEFAULT_GT_TRACKS_TOPIC) -> Iterator[TrackFrameGT]:
+    """Ground-truth tracks as written by :meth:`BagWriter.write_tracked_objects` (ids, velocities in the header
+    frame's axes)."""
+    path = Path(path)
+    store = typestore()
+    reverse = {v: CLASS_NAMES.index(k) for k, v in AUTOWARE_LABELS.items() if k in CLASS_NAMES}
+    reader = _open_reader(path)
+    try:
+        conns = _select(reader, topic, (TRACKED_OBJECTS,), path)
+        for _, _, raw in _messages(reader, conns, path):
+            msg = store.deserialize_cdr(raw, TRACKED_OBJECTS)
+            boxes, labels, ids, vel = [], [], [], []
+            for o in msg.objects:
+                p = o.kinematics.pose_with_covariance.pose
+                yaw = quaternion_to_yaw(p.orientation.x, p.orientation.y, p.orientation.z, p.orientation.w)
+                d = o.shape.dimensions
+                boxes.append([p.position.x, p.position.y, p.position.z, d.x, d.y, d.z, yaw])
+                labels.append(reverse.get(int(o.classification[0].label), -1) if o.classification else -1)
+                ids.append(int.from_bytes(bytes(o.object_id.uuid), "big", signed=True))
+                tw = o.kinematics.twist_with_covariance.twist.linear
+                c, s_ = math.cos(yaw), math.sin(yaw)
+                vel.append([c * tw.x - s_ * tw.y, s_ * tw.x + c * tw.y])
+            yield TrackFrameGT(stamp_ns=msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec,
+                               boxes=np.asarray(boxes, np.float32).reshape(-1, 7), labels=np.asarray(labels, np.int64),
+                               ids=np.asarray(ids, np.int64), velocities=np.asarray(vel, np.float32).reshape(-1, 2))
+    finally:
+        reader.close()
+
+
+def read_poses(path: str | Path, topic: str) -> list[tuple[int, np.ndarray]]:
+    """(stamp_ns, 4x4 pose) of every nav_msgs/Odometry on ``topic``."""
+    from livox_infer.accumulate import pose_matrix
+
+    path = Path(path)
+    store = typestore()
+    reader = _open_reader(path)
+    out = []
+    try:
+        conns = _select(reader, topic, (ODOMETRY,), path)
+        for _, _, raw in _messages(reader, conns, path):
+            msg = store.deserialize_cdr(raw, ODOMETRY)
+            p, q = msg.pose.pose.position, msg.pose.pose.orientation
+            out.append((msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec,
+                        pose_matrix((p.x, p.y, p.z), (q.x, q.y, q.z, q.w))))
+    finally:
+        reader.close()
+    return out

@@ -2,7 +2,10 @@
 
 Clouds go to /livox/lidar (PointCloud2 in the chosen layout, or livox_ros_driver2/msg/CustomMsg with
 ``--layout custom``), ground truth to /livox_infer/ground_truth as vision_msgs/Detection3DArray with the
-same stamp and frame_id. Frames are one continuous drive (the scan pattern continues across frames).
+same stamp and frame_id (Detection3D.id = the object's id, stable over the drive), the same objects with their
+velocities to /livox_infer/ground_truth_tracks as autoware_perception_msgs/TrackedObjects (velocity over ground,
+twist in the object's frame), and the sensor's pose to /livox_infer/odometry (nav_msgs/Odometry, odom -> frame_id).
+Frames are one continuous drive (the scan pattern continues across frames).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class SimulateOptions:
     frame_id: str = "livox_frame"
     topic: str = "/livox/lidar"
     gt_topic: str = "/livox_infer/ground_truth"
+    gt_tracks_topic: str = "/livox_infer/ground_truth_tracks"
+    odometry_topic: str = "/livox_infer/odometry"
     min_points: int = 5  # ground truth only for objects with at least this many returns
     drop_zeros: bool = False  # drop (0,0,0) no-return points (the Livox driver keeps them)
     sensor_height: float | None = None  # m above ground (None: random 0.5-2.5)
@@ -68,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frame-id", default=_D.frame_id)
     p.add_argument("--topic", default=_D.topic)
     p.add_argument("--gt-topic", default=_D.gt_topic)
+    p.add_argument("--gt-tracks-topic", default=_D.gt_tracks_topic,
+                   help="ground-truth ids and velocities (autoware_perception_msgs/TrackedObjects)")
+    p.add_argument("--odometry-topic", default=_D.odometry_topic, help="sensor pose (nav_msgs/Odometry, odom -> frame id)")
     p.add_argument("--min-points", type=int, default=_D.min_points,
                    help="write ground-truth boxes only for objects with at least this many returns")
     p.add_argument("--drop-zeros", action="store_true",
@@ -117,7 +125,11 @@ def simulate(args: SimulateOptions) -> dict:
                                          frame_id=args.frame_id)
                 bag.write_cloud(args.topic, msg)
             keep = f.num_points >= args.min_points
-            bag.write_detections(args.gt_topic, stamp, args.frame_id, f.boxes[keep], f.labels[keep])
+            bag.write_detections(args.gt_topic, stamp, args.frame_id, f.boxes[keep], f.labels[keep],
+                                 ids=f.object_ids[keep])
+            bag.write_tracked_objects(args.gt_tracks_topic, stamp, args.frame_id, f.boxes[keep], f.labels[keep],
+                                      f.object_ids[keep], f.velocities[keep])
+            bag.write_odometry(args.odometry_topic, stamp, "odom", args.frame_id, f.pose)
             n_boxes += int(keep.sum())
             n_points += len(pts)
     return {"frames": args.frames, "boxes": n_boxes, "points": n_points}

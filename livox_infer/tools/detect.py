@@ -5,7 +5,8 @@ more .pcd/.bin files, or a directory of them. One JSON line per frame:
 ``{"stamp": ns, "frame_id": str, "source": str, "latency_ms": float, "timings_ms": {...},
 "sensor_height": m, "boxes": [{"label", "score", "x", "y", "z", "l", "w", "h", "yaw"}, ...]}``; from a bag,
 tracked (``--no-tracking`` to skip, docs/tracking.md), each box adds ``"track_id"`` (0 until its track is confirmed)
-and, with a confirmed track, ``"vx", "vy"`` (m/s, relative to the sensor) and ``"yaw_rate"`` (rad/s).
+and, with a confirmed track, ``"vx", "vy"`` (m/s in the cloud frame's axes: over ground with ``--odometry-topic``,
+else relative to the sensor) and ``"yaw_rate"`` (rad/s).
 Optional: ``--bev-dir`` writes a bird's-eye PNG per frame, ``--out-bag`` a rosbag2 with the clouds
 and the detections (vision_msgs/Detection3DArray on /livox_infer/detections) for RViz / Foxglove.
 ``--out-dir DIR`` instead of ``--out`` runs over an archive (one output per recording, a resumable
@@ -61,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=DEFAULTS["tracking"],
                    help="track the boxes of a bag's frames: track_id, vx, vy, yaw_rate per box in the JSONL "
                         "(docs/tracking.md; point files carry no time: not tracked) (default %(default)s)")
+    p.add_argument("--odometry-topic", default=None,
+                   help="nav_msgs/Odometry topic of the bag (e.g. /livox_infer/odometry, as `livox-infer simulate` "
+                        "writes it): tracked velocities over ground instead of relative to the sensor")
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
@@ -141,12 +145,22 @@ def main(args: argparse.Namespace) -> int:
         # tracking needs time: bags (one tracker per topic); point files are numbered, not stamped
         track = bool(args.tracking) and not args.rig and all(is_bag(Path(i)) for i in args.input)
         trackers: dict = {}
+        poses = None
+        if track and args.odometry_topic:
+            from livox_infer.accumulate import PoseBuffer
+            from livox_infer.bags import read_poses
+
+            poses = PoseBuffer(maxlen=1_000_000)
+            for name in args.input:
+                for stamp, pose in read_poses(name, args.odometry_topic):
+                    poses.add(stamp, pose)
         for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
             if args.max_frames is not None and n >= args.max_frames:
                 break
             det = pipe.detect(cloud)
             if track:
-                track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes)
+                track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes,
+                            poses.at(cloud.stamp_ns) if poses is not None else None)
             latencies.append(det.timings_ms["total"])
             out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
             if bev_dir:

@@ -114,8 +114,8 @@ def build_pipeline(args: argparse.Namespace, rig=None):
 def detection_row(source: str, cloud: Cloud, det) -> dict:
     """One JSONL row: a frame's detections (the format in the module docstring). A tracked frame (``det.track_ids``
     and ``det.tracks`` set by :func:`track_frame`) adds ``track_id`` per box (0: no confirmed track) and, for boxes
-    of a confirmed track, ``vx``, ``vy`` (m/s, the cloud frame's axes, relative to the sensor) and ``yaw_rate``
-    (rad/s)."""
+    of a confirmed track, ``vx``, ``vy`` (m/s, the cloud frame's axes; over ground when tracked with poses, else
+    relative to the sensor) and ``yaw_rate`` (rad/s)."""
     boxes = det.to_dicts()
     track_ids = getattr(det, "track_ids", None)
     tracks = getattr(det, "tracks", None)
@@ -135,9 +135,10 @@ def detection_row(source: str, cloud: Cloud, det) -> dict:
     }
 
 
-def track_frame(trackers: dict, source: str, det, stamp_ns: int, classes) -> None:
+def track_frame(trackers: dict, source: str, det, stamp_ns: int, classes, pose=None) -> None:
     """Track ``det`` with the tracker of its stream ``source`` (made on first use from the parameter table's
-    tracking defaults) and set ``det.track_ids`` / ``det.tracks``; no poses: velocities relative to the sensor."""
+    tracking defaults) and set ``det.track_ids`` / ``det.tracks``; ``pose`` (4x4, odometry at the cloud's stamp):
+    velocities over ground, else relative to the sensor."""
     from livox_infer.params import DEFAULTS, class_params
     from livox_infer.tracking import Tracker, TrackerConfig
 
@@ -145,7 +146,7 @@ def track_frame(trackers: dict, source: str, det, stamp_ns: int, classes) -> Non
     if tracker is None:
         values = {**DEFAULTS, **{p.name: p.default for p in class_params()}}
         tracker = trackers[source] = Tracker(TrackerConfig.from_params(values), tuple(classes))
-    tracks = tracker.update(det.boxes, det.labels, det.scores, int(stamp_ns), None)
+    tracks = tracker.update(det.boxes, det.labels, det.scores, int(stamp_ns), pose)
     det.track_ids, det.tracks = tracks.detection_track_ids, tracks
 
 
