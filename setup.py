@@ -1,7 +1,7 @@
 """ament_python package setup: works under colcon (ROS install) and with plain pip (venv).
 
 colcon: setup.cfg puts the console scripts in <prefix>/lib/livox_infer/ (where `ros2 run` looks);
-        data_files put launch/, config/, schema/, models/ and package.xml in <prefix>/share/livox_infer/.
+        data_files put launch/, config/, schema/, models/, rviz/ and package.xml in <prefix>/share/livox_infer/.
 pip:    console scripts go to <prefix>/bin/ (`livox-infer` on PATH); a small wrapper
         (resource/detector_node) is added as <prefix>/lib/livox_infer/detector_node so the ROS tools
         find the node in a venv too.  An editable install (`pip install -e .`) installs no data_files:
@@ -21,6 +21,7 @@ data_files = [
     (f"share/{PACKAGE}/launch", sorted(glob("launch/*.py"))),
     (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml"))),
     (f"share/{PACKAGE}/config/rigs", sorted(glob("config/rigs/*.yaml"))),
+    (f"share/{PACKAGE}/rviz", sorted(glob("rviz/*.rviz") + glob("rviz/*.json"))),
     (f"share/{PACKAGE}/schema", sorted(glob("schema/*.json"))),  # JSON schema of the parameter files
     (f"share/{PACKAGE}/models", sorted(glob("models/*.yaml") + glob("models/*.safetensors"))),
 ]

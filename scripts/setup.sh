@@ -99,7 +99,7 @@ install_package() {
 }
 
 # An editable install installs no data_files, so lay out what `pip install .` (and colcon) would install,
-# linked into the source tree: the ament index marker, share/livox_infer/{package.xml,launch,config,schema,models}
+# linked into the source tree: the ament index marker, share/livox_infer/{package.xml,launch,config,schema,models,rviz}
 # and lib/livox_infer/detector_node, where `ros2 run`/`ros2 launch` and ament_index_python look.
 # launch/config/models are real directories of per-file links: ros2launch finds launch files with os.walk,
 # which does not enter symlinked directories (a directory link made `ros2 launch livox_infer ...` fail).
@@ -109,7 +109,7 @@ link_ros_layout() {
     mkdir -p "$share" "$VENV/share/ament_index/resource_index/packages" "$VENV/lib/livox_infer"
     cp resource/livox_infer "$VENV/share/ament_index/resource_index/packages/livox_infer"
     ln -sfn "$REPO_ROOT/package.xml" "$share/package.xml"
-    for item in launch config schema models; do
+    for item in launch config schema models rviz; do
         rm -rf "${share:?}/$item"
         cp -rs "$REPO_ROOT/$item" "$share/$item"
     done

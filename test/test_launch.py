@@ -172,3 +172,67 @@ def test_a_bad_params_file_stops_the_launch_with_one_line(tmp_path, body, needle
     with pytest.raises(RuntimeError) as err:
         node_for(params_file=str(path))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def launch_actions(module, **arguments) -> list:
+    """The actions detect.launch.py's OpaqueFunction returns for ``arguments`` (launch_ros Node recorded as a dict)."""
+    from launch import LaunchContext
+
+    module.Node = lambda **kwargs: kwargs
+    ld = module.generate_launch_description()
+    context = LaunchContext()
+    for action in ld.entities:
+        if isinstance(action, launch.actions.DeclareLaunchArgument):
+            default = "".join(s.perform(context) for s in action.default_value) if action.default_value else ""
+            context.launch_configurations[action.name] = arguments.get(action.name, default)
+    opaque = [a for a in ld.entities if isinstance(a, launch.actions.OpaqueFunction)][0]
+    return opaque.execute(context)
+
+
+def test_input_type_output_frame_and_use_sim_time_are_passed_to_the_node():
+    node = node_for(sensor="horizon", input_type="custom_msg", output_frame="base_link", use_sim_time="true")
+    assert node["parameters"][2] == {"input_type": "custom_msg", "output_frame": "base_link", "use_sim_time": True}
+    assert len(node_for(use_sim_time="")["parameters"]) == 2  # empty: the files' value
+    with pytest.raises(RuntimeError, match="input_type must be one of"):
+        node_for(input_type="pcl")
+    with pytest.raises(RuntimeError, match="use_sim_time must be true or false"):
+        node_for(use_sim_time="sometimes")
+
+
+def test_rviz_without_rviz2_is_one_warning_and_the_node_still_starts(monkeypatch):
+    module = load_launch_module()
+    monkeypatch.setattr(module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(module, "_has_package", lambda name: False)
+    warnings = []
+    monkeypatch.setattr(module, "get_logger", lambda name: type("L", (), {"warning": lambda self, m: warnings.append(m)})())
+    monkeypatch.setenv("AMENT_PREFIX_PATH", "/nonexistent")
+    actions = launch_actions(module, rviz="true")
+    assert len(actions) == 1 and actions[0]["executable"] == "detector_node"
+    assert len(warnings) == 1 and "rviz2 is not installed" in warnings[0]
+    assert launch_actions(module, rviz="false") and warnings == warnings[:1]
+
+
+def test_rviz_gets_a_config_with_this_launchs_topics_and_fixed_frame(monkeypatch, tmp_path):
+    import yaml
+
+    module = load_launch_module()
+    fake = tmp_path / "rviz2"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(module.shutil, "which", lambda name: str(fake))
+    monkeypatch.setattr(module, "_has_package", lambda name: False)  # no vision_msgs_rviz_plugins here
+    actions = launch_actions(module, rviz="true", output_frame="base_link", input_topic="/points", node_name="det")
+    rviz = actions[1]
+    cmd = ["".join(s.perform(None) for s in part) for part in rviz.cmd]
+    assert cmd[0] == str(fake) and cmd[1] == "-d" and cmd[3:] == ["-f", "base_link"]
+    config = yaml.safe_load(Path(cmd[2]).read_text())
+    displays = {d["Class"]: d for d in config["Visualization Manager"]["Displays"]}
+    assert config["Visualization Manager"]["Global Options"]["Fixed Frame"] == "base_link"
+    assert displays["rviz_default_plugins/PointCloud2"]["Topic"]["Value"] == "/points"
+    assert displays["rviz_default_plugins/MarkerArray"]["Topic"]["Value"] == "/det/markers"
+    assert "vision_msgs_rviz_plugins/Detection3DArray" not in displays  # dropped: the plugin is not installed
+    # the rig's frame when no output_frame is given, else the driver's livox_frame
+    rig_cmd = launch_actions(module, rviz="true", sensor="horizon", rig="rigs/livox_dataset_v1.yaml")[1].cmd
+    assert "".join(s.perform(None) for s in rig_cmd[-1]) == "base_link"
+    plain_cmd = launch_actions(module, rviz="true")[1].cmd
+    assert "".join(s.perform(None) for s in plain_cmd[-1]) == "livox_frame"
