@@ -135,6 +135,22 @@ def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: 
     if meta.get("torch_version") != torch.__version__:
         log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
                     path, meta.get("torch_version"), torch.__version__)
+    if meta.get("machine") and meta["machine"] != machine_tag(device):
+        log.warning("%s was built for %s, this machine is %s: re-export it here if it misbehaves",
+                    path, meta["machine"], machine_tag(device))
+
+
+def _load_package(file: str):
+    """torch's aoti_load_package without its device probe: before loading, torch finds the CPU's vector ISA by
+    building and loading a test extension per ISA (pick_vec_isa: 1.4 s of a 4 s node start on 2 cores), only to
+    warn on a mismatch, which _check_metadata does from the package's recorded ``machine`` for free."""
+    try:
+        from torch.export.pt2_archive._package import AOTICompiledModel
+
+        loader = torch._C._aoti.AOTIModelPackageLoader(file, "model", False, 1, -1)
+    except (ImportError, AttributeError):  # another torch's internals: its own loader, probe included
+        return torch._inductor.aoti_load_package(file)
+    return AOTICompiledModel(loader)
 
 
 # --------------------------------------------------------------------------- packages built for this machine
@@ -239,7 +255,7 @@ class AotiRunner:
             copy = private / "package.pt2"  # the checked bytes, out of reach of whoever wrote `path`
             copy.write_bytes(data)
             try:
-                self._model = torch._inductor.aoti_load_package(str(copy))
+                self._model = _load_package(str(copy))
                 meta = dict(self._model.get_metadata())
             except Exception as exc:  # noqa: BLE001 - a foreign/corrupt zip, wrong platform, missing symbols
                 raise WeightsError(f"{path} is not a loadable AOTInductor package: {type(exc).__name__}: {exc}") from exc
