@@ -163,3 +163,24 @@ def test_loading_leaves_no_extracted_copies(package, tmp_path, monkeypatch):
     x = torch.rand(1, *cfg.grid.shape).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         assert len(runner(x)) == 3  # still runs with its extracted files gone
+
+
+def test_loading_skips_torchs_cpu_isa_probe(package, monkeypatch, caplog):
+    """torch's aoti_load_package compiled and loaded a test extension per vector ISA before every load (1.4 s of a
+    node's start); the runner loads without it, and a package recorded for another CPU is warned about instead."""
+    import torch._inductor.cpu_vec_isa as vec_isa
+
+    from livox_infer.detector import aoti
+
+    def no_probe():
+        raise AssertionError("the CPU ISA probe ran")
+
+    monkeypatch.setattr(vec_isa, "pick_vec_isa", no_probe)
+    cfg_path, _, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    assert runner.metadata["machine"] == aoti.machine_tag(torch.device("cpu"))
+    monkeypatch.setattr(aoti, "machine_tag", lambda device: "riscv64 RVV")
+    with caplog.at_level("WARNING"):
+        AotiRunner(pkg, cfg, torch.device("cpu"))
+    assert "this machine is riscv64 RVV: re-export it here" in caplog.text
