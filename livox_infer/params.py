@@ -154,7 +154,10 @@ PARAMS: tuple[Param, ...] = (
     Param("tracking_confirm_hits", "int", TRACKER_DEFAULTS.confirm_hits, "Detections in a row before a track is "
           "confirmed (gets its id on ~/detections and is published).", range=(1, 20), applies=NODE),
     Param("tracking_max_misses", "int", TRACKER_DEFAULTS.max_misses, "Frames a confirmed track survives without a "
-          "detection (predicted, not published).", range=(0, 50), applies=NODE),
+          "detection (predicted; then it ends and its object would get a new id).", range=(0, 50), applies=NODE),
+    Param("tracking_coast_frames", "int", TRACKER_DEFAULTS.coast_frames, "Frames a confirmed track without a "
+          "detection is still published, at its predicted place (at most tracking_max_misses).", range=(0, 50),
+          applies=NODE),
     Param("threads", "int", DEFAULT_THREADS, "torch CPU threads per frame, set at start before torch starts its "
           "pools; 0 = torch's default (one per core). 1 keeps p99 bounded on a busy CPU (docs/performance.md).",
           range=(0, MAX_THREADS), read_only=True, applies=NODE),
@@ -212,6 +215,9 @@ def _cross_check(values: Mapping[str, Any]) -> str | None:
         if lo >= hi:
             return (f"roi_{axis}_min ({lo}) must be smaller than roi_{axis}_max ({hi}); to move the range past "
                     "its other end, change both in one request (ros2 param load, set_parameters_atomically)")
+    if values.get("tracking_coast_frames", 0) > values.get("tracking_max_misses", 50):
+        return (f"tracking_coast_frames ({values['tracking_coast_frames']}) must not exceed tracking_max_misses "
+                f"({values['tracking_max_misses']}): a track ends after that many misses")
     if not str(values["model"]).strip():
         return "model must name a model config"
     extent = values.get("bev_extent")

@@ -32,7 +32,7 @@ OLD_COMMON = {
     "sensor_height": 1.8, "tag_filter": "high_confidence", "test_time_flip": False, "threads": 1,
     "use_compile": True, "weights": "",
     # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
-    "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 3,
+    "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 8, "tracking_coast_frames": 3,
     "tracking_gate_car": 2.5, "tracking_gate_pedestrian": 1.2, "tracking_gate_cyclist": 1.8,
     # issue 31: TF (livox_infer/ros/tf.py), off by default
     "output_frame": "", "odometry_frame": "", "tf_timeout": 0.1,

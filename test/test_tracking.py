@@ -85,9 +85,13 @@ def test_missed_detections_are_bridged_then_the_track_dies():
     frames = [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(10)]
     frames += [[] for _ in range(3)]  # three misses: within max_misses = 3
     frames += [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(13, 20)]
-    out = _run(Tracker(TrackerConfig(max_misses=3)), frames)
+    out = _run(Tracker(TrackerConfig(max_misses=3, coast_frames=0)), frames)
     assert {int(i) for f in out[13:] for i in f.track_ids} == {1}
-    assert all(len(out[k].track_ids) == 0 for k in (10, 11, 12))  # coasting tracks are not published
+    assert all(len(out[k].track_ids) == 0 for k in (10, 11, 12))  # coast_frames 0: missed tracks are not output
+    # coast_frames 2: output for two missed frames, at the predicted place (8 m/s along x)
+    out = _run(Tracker(TrackerConfig(max_misses=3, coast_frames=2)), frames)
+    assert [len(out[k].track_ids) for k in (10, 11, 12)] == [1, 1, 0]
+    assert out[11].boxes[0, 0] == pytest.approx(10 + 0.8 * 11, abs=0.3)
     # five misses > max_misses: a new object (new id)
     frames = [[(10.0, 3.0, 0.0, CAR)]] * 5 + [[]] * 5 + [[(10.0, 3.0, 0.0, CAR)]] * 3
     out = _run(Tracker(TrackerConfig(max_misses=3)), frames)
@@ -117,8 +121,8 @@ def test_clutter_does_not_steal_or_confirm():
 def test_other_classes_are_never_associated():
     out = _run(Tracker(), [[(10, 0, 0, CAR)], [(10, 0, 0, CAR)], [(10, 0, 0, CYC)], [(10, 0, 0, CYC)]])
     assert out[1].track_ids.tolist() == [1]
-    assert out[2].track_ids.tolist() == []  # the car missed (coasting), the cyclist tentative
-    assert out[3].track_ids.tolist() == [2] and out[3].labels.tolist() == [CYC]  # a track of its own
+    assert out[2].track_ids.tolist() == [1] and out[2].labels.tolist() == [CAR]  # the car coasts, the cyclist tentative
+    assert out[3].track_ids.tolist() == [1, 2] and out[3].labels.tolist() == [CAR, CYC]  # a track of its own
 
 
 def test_ego_motion_gives_velocity_over_ground_in_the_cloud_axes():

@@ -16,7 +16,7 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    (a tentative track at its first miss).
 
 Output: :class:`TrackFrame` with the track id of each detection (0 = none, or not confirmed yet) and the confirmed
-tracks seen in this frame, with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
+tracks detected in this frame or missed for at most ``coast_frames`` frames (then predicted), with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
 relative to the sensor otherwise) and yaw rate. Without poses the tracker says so in ``ego_motion``.
 A stamp that goes back or jumps by more than ``max_gap_s`` restarts the tracks (counted in ``resets``; the same
 stamp again is a frame without motion);
@@ -35,8 +35,8 @@ import numpy as np
 # the first association of a new track, whose velocity is unknown). Gates are run-time parameters
 # (livox_infer/params.py: tracking_gate_<class>); the rest are the filter's fixed model.
 DEFAULT_GATES: dict[str, float] = {"car": 2.5, "pedestrian": 1.2, "cyclist": 1.8}
-ACCEL_SIGMA: dict[str, float] = {"car": 4.0, "pedestrian": 2.0, "cyclist": 3.0}
-MEAS_SIGMA: dict[str, float] = {"car": 0.35, "pedestrian": 0.2, "cyclist": 0.25}
+ACCEL_SIGMA: dict[str, float] = {"car": 2.0, "pedestrian": 2.0, "cyclist": 3.0}
+MEAS_SIGMA: dict[str, float] = {"car": 0.5, "pedestrian": 0.2, "cyclist": 0.25}
 TOP_SPEED: dict[str, float] = {"car": 35.0, "pedestrian": 4.0, "cyclist": 12.0}
 _FALLBACK = "car"  # a class the tables do not name takes the car's model
 MAX_GAP_S = 1.0
@@ -57,16 +57,17 @@ YAW_RATE_ALPHA = 0.5
 class TrackerConfig:
     gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
     confirm_hits: int = 2
-    max_misses: int = 3
+    max_misses: int = 8
     max_gap_s: float = MAX_GAP_S
+    coast_frames: int = 3  # a confirmed track is still output (predicted) this many frames without a detection
 
     @classmethod
     def from_params(cls, values: Mapping[str, Any]) -> "TrackerConfig":
-        """From the parameter table's values (node / preset): tracking_confirm_hits, tracking_max_misses and
-        tracking_gate_<class>."""
+        """From the parameter table's values (node / preset): tracking_confirm_hits, tracking_max_misses,
+        tracking_coast_frames and tracking_gate_<class>."""
         gates = {k[len("tracking_gate_"):]: float(v) for k, v in values.items() if k.startswith("tracking_gate_")}
         return cls(gates={**DEFAULT_GATES, **gates}, confirm_hits=int(values["tracking_confirm_hits"]),
-                   max_misses=int(values["tracking_max_misses"]))
+                   max_misses=int(values["tracking_max_misses"]), coast_frames=int(values["tracking_coast_frames"]))
 
     def model(self, name: str) -> tuple[float, float, float, float]:
         key = name if name in ACCEL_SIGMA else _FALLBACK
@@ -307,7 +308,7 @@ class Tracker:
         return t
 
     def _output(self, det_track: np.ndarray, pose: np.ndarray | None) -> TrackFrame:
-        shown = [t for t in self._tracks if t.confirmed and t.misses == 0]
+        shown = [t for t in self._tracks if t.confirmed and t.misses <= self.config.coast_frames]
         k = len(shown)
         boxes = np.zeros((k, 7), np.float64)
         vel = np.zeros((k, 2), np.float64)
