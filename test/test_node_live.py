@@ -58,6 +58,10 @@ _COMMAND = re.compile(r"(?:livox-infer run|ros2 launch livox_infer detect\.launc
 LAUNCH_OPTIONS = {"sensor": "--sensor", "params_file": "--params-file", "input_topic": "--input-topic",
                   "rig": "--rig", "model": "--model", "device": "--device", "use_compile": "--use-compile",
                   "node_name": None}
+# launch arguments that set a node parameter `livox-infer run` has no option for: passed as -p NAME:=VALUE (rviz
+# starts a viewer beside the node, nothing of the node's)
+LAUNCH_PARAMETERS = {"input_type": "input_type", "output_frame": "output_frame", "use_sim_time": "use_sim_time",
+                     "rviz": None}
 
 
 def documented_lines() -> list[str]:
@@ -95,12 +99,16 @@ def ros_argv_for(line: str) -> list[str]:
     if tokens[:2] == ["livox-infer", "run"]:
         return ros_arguments(_parse(tokens[2:]))
     if tokens[:2] == ["ros2", "launch"]:  # the launch file loads what `livox-infer run` loads for these options
-        options = []
+        options, parameters = [], []
         for arg in tokens[4:]:
             name, value = arg.split(":=", 1)
-            assert name in LAUNCH_OPTIONS, f"launch argument {name!r} unknown to this test: add it to LAUNCH_OPTIONS"
-            options += [LAUNCH_OPTIONS[name], value] if LAUNCH_OPTIONS[name] else []
-        return ros_arguments(_parse(options))
+            assert name in LAUNCH_OPTIONS or name in LAUNCH_PARAMETERS, \
+                f"launch argument {name!r} unknown to this test: add it to LAUNCH_OPTIONS or LAUNCH_PARAMETERS"
+            if name in LAUNCH_PARAMETERS:
+                parameters += ["-p", f"{LAUNCH_PARAMETERS[name]}:={value}"] if LAUNCH_PARAMETERS[name] else []
+            else:
+                options += [LAUNCH_OPTIONS[name], value] if LAUNCH_OPTIONS[name] else []
+        return ros_arguments(_parse(options)) + parameters
     rest = [str(REPO / t) if (REPO / t).is_file() else t for t in tokens[4:]]  # ros2 run: paths from the repo root
     return ["detector_node", *rest] if "--ros-args" in rest else ["detector_node", *rest, "--ros-args"]
 
@@ -119,7 +127,7 @@ def test_the_documents_give_the_configurations_that_merge_and_stack():
     joined = "\n".join(lines)
     # the configurations issue 30 found crashing must stay documented (and so in the matrix below)
     for needle in ("--rig ", "rig:=", "input_topics:=", "accumulate_frames:=", "odometry_topic:=",
-                   "input_type:=custom_msg"):
+                   "input_type:=custom_msg", "output_frame:=", "odometry_frame:="):
         assert needle in joined, needle
     assert any("accumulate_frames:=" in x and "odometry_topic" not in x for x in lines), \
         "plain accumulation (no odometry) is not documented"
@@ -247,6 +255,12 @@ def _run_live(argv: list[str], compiled: bool) -> None:
     argv = argv + ["-p", f"diagnostics_period:={DIAG_PERIOD_S}", "-r", f"__node:={name}"]
     if "input_type:=custom_msg" in argv and custom_msg_class() is None:
         pytest.skip("input_type custom_msg needs the livox_ros_driver2 (or livox_interfaces) interface package")
+    if any(a.startswith(("output_frame:=", "odometry_frame:=")) for a in argv):
+        from tf2_support import load_tf2
+
+        reason = load_tf2()  # before the node imports tf2_ros (a venv gets it from scripts/setup_tf2.sh)
+        if isinstance(reason, str):
+            pytest.skip(f"TF parameters need tf2_ros: {reason}")
     live = LiveNode(argv)
     try:
         node = live.node
@@ -255,12 +269,31 @@ def _run_live(argv: list[str], compiled: bool) -> None:
             assert node._values["device"] == "cpu"
         sensors = node._assembler.rig.sensors if node._assembler is not None else []
         topics = [s.topic for s in sensors] or [node._values["input_topic"]]
-        frames = {s.topic: s.name for s in sensors}  # a rig's clouds come in each sensor's own frame
+        # a rig file's clouds come in each sensor's own frame; clouds already in one frame in the driver's livox_frame
+        frames = {s.topic: s.name for s in sensors} if node._values["rig"] else {}
+        if getattr(node, "_tf_rig", False):  # a rig described by TF: each topic's clouds in a frame of their own
+            frames = {s.topic: f"lidar_{i}" for i, s in enumerate(sensors)}
         custom = node._values["input_type"] == "custom_msg"
         msg_type = custom_msg_class() if custom else PointCloud2
         pubs = {t: live.client.create_publisher(msg_type, t, 10) for t in topics}
         odom_topic = node._values["odometry_topic"]
         odom_pub = live.client.create_publisher(Odometry, odom_topic, 50) if odom_topic else None
+        output_frame, odometry_frame = node._values["output_frame"], node._values["odometry_frame"]
+        tf_pub = None
+        if odometry_frame:  # the vehicle's motion on /tf, as a robot's odometry publishes it
+            from tf2_support import load_tf2, static_transform
+
+            tf_pub = load_tf2().TransformBroadcaster(live.client)
+        if output_frame:  # the robot's TF: each cloud frame 1.9 m above output_frame, on the real tf2_ros
+            from tf2_support import load_tf2, static_transform
+
+            from livox_infer.rig import transform_from_xyz_rpy
+
+            tf2_ros = load_tf2()
+            mount = transform_from_xyz_rpy(0.5, 0.0, 1.9, 0.0, 0.0, 0.0)
+            broadcaster = tf2_ros.StaticTransformBroadcaster(live.client)
+            broadcaster.sendTransform([static_transform(output_frame, f, mount)
+                                       for f in {*frames.values(), "livox_frame"}])
         dets, diags = [], []
         live.client.create_subscription(Detection3DArray, f"{node.get_fully_qualified_name()}/detections",
                                         dets.append, 50)
@@ -282,6 +315,12 @@ def _run_live(argv: list[str], compiled: bool) -> None:
                 odom.pose.pose.position.x = (stamp % 10**12) * 1e-9
                 odom.pose.pose.orientation.w = 1.0
                 odom_pub.publish(odom)
+            if tf_pub is not None:  # 1 m/s forward, as the odometry above
+                from livox_infer.rig import transform_from_xyz_rpy
+
+                tf_pub.sendTransform(static_transform(
+                    odometry_frame, output_frame or "livox_frame",
+                    transform_from_xyz_rpy((stamp % 10**12) * 1e-9, 0, 0, 0, 0, 0), stamp_ns=stamp))
             pts = _points(rng)
             for topic, pub in pubs.items():
                 pub.publish(_message(custom, pts, stamp, frames.get(topic, "livox_frame")))
@@ -299,6 +338,10 @@ def _run_live(argv: list[str], compiled: bool) -> None:
         values = {kv.key: kv.value for kv in diags[-1].values}
         assert values["frames_failed"] == "0" and values["frames_rejected"] == "0", values
         assert int(values["frames_processed"]) >= 1
+        if output_frame or odometry_frame:
+            assert int(values["frames_tf_failed"]) <= 1, values  # the first cloud may beat its pose to the buffer
+        if output_frame:
+            assert {d.header.frame_id for d in dets} == {output_frame}
         if node._values["aoti_package"]:
             assert "aoti" in values["backend"], values["backend"]  # the package runs, not a fallback
         if compiled:  # compiled, or a prebuilt package `make package` left for this machine: not the eager fallback
@@ -310,7 +353,7 @@ def _run_live(argv: list[str], compiled: bool) -> None:
             if node._values["accumulate_frames"] > 1:
                 stacked = int(values["accumulated_compensated"]) + int(values["accumulated_plain"])
                 assert stacked >= 1, values
-            if odom_topic and node._values["accumulate_frames"] > 1:
+            if (odom_topic or odometry_frame) and node._values["accumulate_frames"] > 1:
                 assert int(values["accumulated_compensated"]) >= 1, values
     finally:
         live.close()
