@@ -38,6 +38,9 @@ DEFAULT_GATES: dict[str, float] = {"car": 2.5, "pedestrian": 1.2, "cyclist": 1.8
 ACCEL_SIGMA: dict[str, float] = {"car": 2.0, "pedestrian": 2.0, "cyclist": 3.0}
 MEAS_SIGMA: dict[str, float] = {"car": 0.5, "pedestrian": 0.2, "cyclist": 0.25}
 TOP_SPEED: dict[str, float] = {"car": 35.0, "pedestrian": 4.0, "cyclist": 12.0}
+# prior std of a new track's velocity (m/s): most objects stand or move slowly; a wide prior made the second
+# detection's jitter (0.5 m in 0.1 s = 5 m/s) the velocity of a parked car, which then coasted away from it
+INIT_SPEED_SIGMA: dict[str, float] = {"car": 8.0, "pedestrian": 2.0, "cyclist": 6.0}
 _FALLBACK = "car"  # a class the tables do not name takes the car's model
 MAX_GAP_S = 1.0
 
@@ -299,7 +302,8 @@ class Tracker:
     def _birth(self, centre: np.ndarray, box: np.ndarray, yaw: float, label: int, score: float) -> _Track:
         name = self._name(label)
         _, _, meas, top_speed = self.config.model(name)
-        P = np.diag([meas ** 2, meas ** 2, (top_speed / 2) ** 2, (top_speed / 2) ** 2])
+        v0 = INIT_SPEED_SIGMA[name if name in INIT_SPEED_SIGMA else _FALLBACK]
+        P = np.diag([meas ** 2, meas ** 2, v0 ** 2, v0 ** 2])
         t = _Track(track_id=self._next_id, label=label, name=name, x=np.array([centre[0], centre[1], 0.0, 0.0]),
                    P=P, z=float(box[2]), size=box[3:6].astype(np.float64).copy(), yaw=_wrap(float(yaw)), score=score)
         self._next_id += 1
