@@ -25,7 +25,7 @@ from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction, Shutdown
 from launch.logging import get_logger
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
+from launch_ros.actions import LifecycleNode, Node
 
 from livox_infer.errors import ConfigError
 from livox_infer.params import BY_NAME, INPUT_TYPES, SENSOR_PRESETS, check_values, parse_bool, read_params_file
@@ -40,6 +40,8 @@ ARGUMENTS = {
                          "use_sim_time parameter; empty = keep the files' value (false)"),
     "rviz": ("false", "true: also start rviz2 with rviz/detect.rviz (cloud, markers, detections; fixed frame = "
                       "output_frame, else the rig's, else livox_frame); a warning when rviz2 is not installed"),
+    "lifecycle": ("false", "true: run the node as a lifecycle (managed) node: configure loads and checks the "
+                           "weights, activate starts publishing (ros2 lifecycle set /<node_name> configure)"),
     "node_name": ("livox_detector", "node name"),
 }
 DEFAULT_FIXED_FRAME = "livox_frame"  # livox_ros_driver2's frame_id
@@ -71,7 +73,9 @@ def end_launch_with_the_node(event, context):
 
     launch returns 1 when an event handler raises, so a failure raises (with the reason) instead of a quiet
     Shutdown; an exit during a shutdown already under way (Ctrl-C) is not a failure."""
-    if event.returncode != 0 and not context.is_shutdown:
+    if context.is_shutdown:  # Ctrl-C or a shutdown already under way: a second one would stop launch_ros's ROS
+        return None          # adapter twice (a lifecycle node: "Cannot shutdown a ROS adapter that is not running")
+    if event.returncode != 0:
         raise RuntimeError(f"{event.action.name} exited with status {event.returncode}; see its messages above")
     return [Shutdown(reason=f"{event.action.name} exited")]
 
@@ -100,8 +104,11 @@ def _node(context, *args, **kwargs):
         overrides["use_sim_time"] = _bool_argument("use_sim_time", sim_time)
     files = [os.path.join(config, "detector.param.yaml"), params_file]
     node_name = LaunchConfiguration("node_name").perform(context)
+    managed = _bool_argument("lifecycle", LaunchConfiguration("lifecycle").perform(context).strip() or "false")
+    node_action, extra = (LifecycleNode, {"namespace": "", "arguments": ["--lifecycle"]}) if managed else (Node, {})
     actions = [
-        Node(
+        node_action(
+            **extra,
             package="livox_infer",
             executable="detector_node",
             name=node_name,

@@ -236,3 +236,17 @@ def test_rviz_gets_a_config_with_this_launchs_topics_and_fixed_frame(monkeypatch
     assert "".join(s.perform(None) for s in rig_cmd[-1]) == "base_link"
     plain_cmd = launch_actions(module, rviz="true")[1].cmd
     assert "".join(s.perform(None) for s in plain_cmd[-1]) == "livox_frame"
+
+
+def test_lifecycle_argument_starts_a_managed_node():
+    module = load_launch_module()
+    recorded = {}
+    module.LifecycleNode = lambda **kwargs: recorded.update(kwargs) or kwargs
+    action = launch_actions(module, lifecycle="true")[0]
+    assert recorded and action == recorded  # the LifecycleNode action, not Node
+    assert recorded["arguments"] == ["--lifecycle"] and recorded["namespace"] == ""
+    assert recorded["executable"] == "detector_node" and recorded["name"] == "livox_detector"
+    plain = launch_actions(load_launch_module())[0]
+    assert "arguments" not in plain
+    with pytest.raises(RuntimeError, match="lifecycle must be true or false"):
+        launch_actions(load_launch_module(), lifecycle="maybe")

@@ -74,7 +74,9 @@ def test_launch_with_output_frame_publishes_the_offline_boxes_moved_into_base_li
         assert launch.wait_for_output("pipeline ready", timeout=120), launch.output()[-3000:]
         # replay until every frame of the bag was answered (best effort input: a frame may be lost; replay again)
         for _ in range(5):
-            replay = run(["livox-infer", "replay", str(bag), "--rate", "2", "--remap", f"/livox/lidar:={TOPIC}",
+            # 0.25: 400 ms between the two frames, so the node (one-slot queue, ~60-300 ms a frame on a busy CPU)
+            # does not drop the first one for the second
+            replay = run(["livox-infer", "replay", str(bag), "--rate", "0.25", "--remap", f"/livox/lidar:={TOPIC}",
                           "--topics", "/livox/lidar"], env, timeout=60)
             assert replay.returncode == 0, replay.stdout + replay.stderr
             end = time.monotonic() + 5

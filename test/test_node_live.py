@@ -61,7 +61,7 @@ LAUNCH_OPTIONS = {"sensor": "--sensor", "params_file": "--params-file", "input_t
 # launch arguments that set a node parameter `livox-infer run` has no option for: passed as -p NAME:=VALUE (rviz
 # starts a viewer beside the node, nothing of the node's)
 LAUNCH_PARAMETERS = {"input_type": "input_type", "output_frame": "output_frame", "use_sim_time": "use_sim_time",
-                     "rviz": None}
+                     "rviz": None, "lifecycle": None}
 
 
 def documented_lines() -> list[str]:
@@ -166,17 +166,24 @@ class LiveNode:
     """rclpy initialised with ``ros_argv`` in a context of its own, the DetectorNode built from it (as
     spin_node does) and a client node, spun by one executor thread that records what escapes a callback."""
 
-    def __init__(self, ros_argv: list[str]) -> None:
+    def __init__(self, ros_argv: list[str], managed: bool = False) -> None:
         import rclpy
         from rclpy.context import Context
 
-        from livox_infer.ros.node import DetectorNode, create_executor
+        from livox_infer.ros.node import DetectorNode, create_executor, managed_node_class
 
         self.context = Context()
         rclpy.init(args=ros_argv, context=self.context)
         self.errors: list[BaseException] = []
         self.node = None
-        self.node = DetectorNode(context=self.context)
+        if managed:  # `--lifecycle` / `lifecycle:=true`: configured and activated as a lifecycle manager would
+            from rclpy.lifecycle import TransitionCallbackReturn
+
+            self.node = managed_node_class()(context=self.context)
+            assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+            assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        else:
+            self.node = DetectorNode(context=self.context)
         self.client = rclpy.create_node(unique("live_client"), context=self.context)
         self.executor = create_executor(self.context)
         self.executor.add_node(self.node)
@@ -220,7 +227,7 @@ def _cases():
             argv = ros_argv_for(line)[1:]
             forced = {i for i in range(1, len(argv)) if argv[i - 1] == "-p"
                       and argv[i].split(":=")[0] in ("device", "use_compile", "threads")}  # the test sets these
-            key = tuple(a for i, a in enumerate(argv) if i not in forced and i + 1 not in forced)
+            key = (_managed(line),) + tuple(a for i, a in enumerate(argv) if i not in forced and i + 1 not in forced)
             if key in seen:
                 continue
             seen.add(key)
@@ -229,10 +236,15 @@ def _cases():
     return out
 
 
+def _managed(line: str) -> bool:
+    """The command starts the lifecycle (managed) node."""
+    return "--lifecycle" in line.split() or "lifecycle:=true" in line.split()
+
+
 @pytest.mark.parametrize("line", _cases())
 def test_documented_node_configuration_runs_live(line):
     _run_live(ros_argv_for(line) + ["-p", "device:=cpu", "-p", "use_compile:=false", "-p", "threads:=1"],
-              compiled=False)
+              compiled=False, managed=_managed(line))
 
 
 @pytest.mark.slow  # torch.compile of the network on the CPU: ~10-60 s depending on the inductor cache
@@ -242,7 +254,7 @@ def test_the_first_documented_command_runs_live_compiled():
     _run_live(ros_argv_for(line) + ["-p", "threads:=1"], compiled=True)
 
 
-def _run_live(argv: list[str], compiled: bool) -> None:
+def _run_live(argv: list[str], compiled: bool, managed: bool = False) -> None:
     from diagnostic_msgs.msg import DiagnosticArray
     from nav_msgs.msg import Odometry
     from sensor_msgs.msg import PointCloud2
@@ -261,7 +273,7 @@ def _run_live(argv: list[str], compiled: bool) -> None:
         reason = load_tf2()  # before the node imports tf2_ros (a venv gets it from scripts/setup_tf2.sh)
         if isinstance(reason, str):
             pytest.skip(f"TF parameters need tf2_ros: {reason}")
-    live = LiveNode(argv)
+    live = LiveNode(argv, managed)
     try:
         node = live.node
         assert node._values["use_compile"] is compiled

@@ -96,6 +96,7 @@ class NodeStats:
     skipped_no_subscribers: int = 0
     odometry_rejected: int = 0  # nav_msgs/Odometry with a non-finite position or no quaternion (not used)
     tf_failed: int = 0  # TF lookups that failed (output_frame, TF extrinsics, TF poses): the frame went out empty
+    skipped_inactive: int = 0  # clouds that arrived while a lifecycle node was configured but not active
     last_error: str = ""
     latency_ms: dict[str, collections.deque] = field(default_factory=dict)
     latency_window: int = 300
@@ -111,7 +112,7 @@ class NodeStats:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
                                                "over_budget", "skipped_no_subscribers", "odometry_rejected",
-                                               "tf_failed", "last_error")}
+                                               "tf_failed", "skipped_inactive", "last_error")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -175,12 +176,27 @@ class DetectorNode(Node):
     """
 
     def __init__(self, *, pipeline_factory: Callable[[dict], Any] | None = None, node_name: str = NODE_NAME,
-                 **node_kwargs: Any) -> None:
+                 managed: bool = False, **node_kwargs: Any) -> None:
         super().__init__(node_name, **node_kwargs)
         self._factory = pipeline_factory or default_pipeline_factory
         self._params = self._declare_parameters()
         self._refuse_undeclared_overrides()
         self._values = {p.name: self._param_value(p) for p in self._params}
+        reason = validate_params(self._values, self._params)
+        if reason:
+            raise ConfigError(f"invalid parameters: {reason}")
+        # a managed (lifecycle) node configures on the configure transition and publishes only while active
+        self._configured = False
+        self._managed = managed
+        self._active = not managed
+        self._param_callbacks = False
+        if not managed:
+            self._configure()
+
+    def _configure(self) -> None:
+        """Everything the node needs to run: pipeline (weights loaded and checked), publishers, subscriptions,
+        diagnostics timer, worker. At construction, or on a lifecycle node's configure transition."""
+        self._values = {p.name: self._param_value(p) for p in self._params}  # as set while unconfigured
         reason = validate_params(self._values, self._params)
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
@@ -193,13 +209,14 @@ class DetectorNode(Node):
         self.threads = apply_threads(int(self._values["threads"]))  # before the pipeline's first torch work
 
         # Outputs first: the topics exist, and /diagnostics says "warming up", while the pipeline builds.
-        self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
-        self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
-        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
-        from livox_infer.ros.tracks import NodeTracking  # ~/tracked_objects, Detection3D.id (docs/tracking.md)
+        if not hasattr(self, "_det_pub"):  # kept over a lifecycle cleanup / configure
+            self._det_pub = self.create_publisher(Detection3DArray, "~/detections", QoSProfile(depth=5))
+            self._marker_pub = self.create_publisher(MarkerArray, "~/markers", QoSProfile(depth=5))
+            self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
+            from livox_infer.ros.tracks import NodeTracking  # ~/tracked_objects, Detection3D.id (docs/tracking.md)
 
-        self._tracking = NodeTracking(self, lambda: self._values, lambda: getattr(self, "_poses", None),
-                                      QoSProfile(depth=5))
+            self._tracking = NodeTracking(self, lambda: self._values, lambda: getattr(self, "_poses", None),
+                                          QoSProfile(depth=5))
         self._pipeline = None
         self.get_logger().info(node_startup.describe_start(self._values))
         with node_startup.warming_up(self.get_logger(), self._publish_warming_up,
@@ -231,19 +248,42 @@ class DetectorNode(Node):
                                                  raw=True)
         self._graph_problem: str | None = None  # see _check_graph
         self._skipped_noted = 0
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
-        self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(
-            frozenset(p.name for p in self._params if p.type == "double")))
-        ros_params.serve_set_parameters_as_one_change(self)
+        if not self._param_callbacks:  # once per node, also over lifecycle cleanup / configure
+            self._param_callbacks = True
+            self.add_on_set_parameters_callback(self._on_set_parameters)
+            # integers for doubles (max_range 80) and one all-or-nothing change per set_parameters request
+            self.add_pre_set_parameters_callback(ros_params.integers_as_doubles(
+                frozenset(p.name for p in self._params if p.type == "double")))
+            ros_params.serve_set_parameters_as_one_change(self)
         self._diag_last = (time.monotonic(), 0, 0)
         self._diag_timer = self.create_timer(float(self._values["diagnostics_period"]), self.publish_diagnostics)
         self._worker.start()
+        self._configured = True
         topics = self._input_topics()
         self.get_logger().info(
-            f"detecting on {', '.join(topics)} ({self._values['sensor']}, model "
-            f"{self._values['model']}, device {self._describe_backend()}, threads {self.threads.describe()})"
+            f"{'detecting' if self._active else 'configured (inactive until activated)'} on {', '.join(topics)} "
+            f"({self._values['sensor']}, model {self._values['model']}, device {self._describe_backend()}, "
+            f"threads {self.threads.describe()})"
         )
+
+    def _unconfigure(self) -> None:
+        """Back to unconfigured (lifecycle cleanup / shutdown): worker stopped, subscriptions, timer and TF
+        listener gone, pipeline dropped; the publishers stay."""
+        self._active = False
+        self._stop_worker()
+        for sub in [getattr(self, "_sub", None), *getattr(self, "_subs", [])]:
+            if sub is not None:
+                self.destroy_subscription(sub)
+        self._sub, self._subs = None, []
+        if getattr(self, "_diag_timer", None) is not None:
+            self.destroy_timer(self._diag_timer)
+            self._diag_timer = None
+        if getattr(self, "_tf", None) is not None:
+            self._tf.close()
+            self._tf = None
+        with getattr(self, "_pipeline_lock", threading.Lock()):
+            self._pipeline = None
+        self._configured = False
 
     def _input_topics(self) -> list[str]:
         """Every topic the node takes clouds from: a rig's or input_topics' sensors, else input_topic."""
@@ -443,6 +483,10 @@ class DetectorNode(Node):
         self.get_logger().warning(f"rejected cloud: {reason}", throttle_duration_sec=WARN_THROTTLE_S)
 
     def _process(self, msg, received_at: float) -> None:
+        if not self._active:  # a lifecycle node that is configured but not active publishes nothing
+            with self.stats.lock:
+                self.stats.skipped_inactive += 1
+            return
         if not self._has_output_subscribers():
             with self.stats.lock:
                 self.stats.skipped_no_subscribers += 1
@@ -628,6 +672,9 @@ class DetectorNode(Node):
             values["output_frame"] = self._values["output_frame"] or "(the cloud's)"
             values["tf"] = "tf2_ros" if self._tf.available else f"unavailable: {self._tf.unavailable}"
             values["frames_tf_failed"] = snap["tf_failed"]
+        if self._managed:
+            values["lifecycle"] = "active" if self._active else "inactive"
+            values["frames_skipped_inactive"] = snap["skipped_inactive"]
         if self._assembler is not None:
             values.update(self._assembler_diagnostics())
         compile_error = getattr(self._pipeline, "compile_error", None)
@@ -644,6 +691,8 @@ class DetectorNode(Node):
             level, message = "warn", f"{snap['odometry_rejected']} odometry messages rejected (last: {snap['last_error']})"
         elif compile_error:
             level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
+        elif not self._active:
+            level, message = "ok", "configured, inactive (lifecycle): activate to publish detections"
         elif snap["received"] == 0 and getattr(self, "_graph_problem", None):
             level, message = "warn", self._graph_problem
         elif snap["received"] == 0:
@@ -803,7 +852,7 @@ class DetectorNode(Node):
         return out
 
     # ------------------------------------------------------------------ shutdown
-    def destroy_node(self) -> None:
+    def _stop_worker(self) -> None:
         cond, worker = getattr(self, "_cond", None), getattr(self, "_worker", None)  # absent if __init__ failed
         if cond is not None:
             with cond:
@@ -811,7 +860,55 @@ class DetectorNode(Node):
                 cond.notify_all()
         if worker is not None and worker.is_alive() and threading.current_thread() is not worker:
             worker.join(timeout=30.0)
+
+    def destroy_node(self) -> None:
+        self._stop_worker()
         super().destroy_node()
+
+
+def managed_node_class():
+    """DetectorNode as an rclpy lifecycle (managed) node: configure builds the pipeline (loads and checks the
+    weights: a bad file fails the transition, the node stays unconfigured), activate starts publishing, deactivate
+    stops it, cleanup drops the pipeline. ``detector_node --lifecycle``, ``ros2 launch ... lifecycle:=true``."""
+    from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+
+    class ManagedDetectorNode(DetectorNode, LifecycleNode):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(managed=True, **kwargs)
+
+        def on_configure(self, state) -> TransitionCallbackReturn:
+            try:
+                self._configure()
+            except (LivoxInferError, OSError, ValueError, RuntimeError, ImportError) as exc:
+                kind = "weights" if isinstance(exc, WeightsError) else type(exc).__name__
+                self.get_logger().error(f"configure failed ({kind}): {exc}")
+                self._unconfigure()
+                return TransitionCallbackReturn.FAILURE
+            return TransitionCallbackReturn.SUCCESS
+
+        def on_activate(self, state) -> TransitionCallbackReturn:
+            self._active = True
+            self.get_logger().info("activated: publishing detections")
+            return super().on_activate(state)
+
+        def on_deactivate(self, state) -> TransitionCallbackReturn:
+            self._active = False
+            self.get_logger().info("deactivated: clouds are not processed until activated again")
+            return super().on_deactivate(state)
+
+        def on_cleanup(self, state) -> TransitionCallbackReturn:
+            self._unconfigure()
+            return TransitionCallbackReturn.SUCCESS
+
+        def on_shutdown(self, state) -> TransitionCallbackReturn:
+            self._unconfigure()
+            return TransitionCallbackReturn.SUCCESS
+
+        def on_error(self, state) -> TransitionCallbackReturn:
+            self._unconfigure()
+            return TransitionCallbackReturn.SUCCESS
+
+    return ManagedDetectorNode
 
 
 class _EmptyDetections:
@@ -853,6 +950,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--use-compile", dest="compile", type=param_model.parse_bool, metavar="{true,false}",
                         help="the same as --compile / --no-compile")
     parser.add_argument("--node-name", default=NODE_NAME, help=f"node name (default {NODE_NAME})")
+    parser.add_argument("--lifecycle", action="store_true",
+                        help="run as a lifecycle (managed) node: configure loads the weights, activate publishes")
     parser.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[],
                         help="everything after this goes to ROS (e.g. --ros-args -p score_threshold_car:=0.5)")
 
@@ -960,7 +1059,9 @@ def spin_node(ros_argv: list[str], node_factory: Callable[[], Node] | None = Non
 
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
     """``ros2 run livox_infer detector_node [--ros-args ...]`` (args None: sys.argv) or ``livox-infer run``."""
+    lifecycle = False
     if isinstance(args, argparse.Namespace):
+        lifecycle = bool(getattr(args, "lifecycle", False))
         try:
             ros_argv = ros_arguments(args)
         except FileNotFoundError as exc:
@@ -973,12 +1074,13 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         if "-h" in user or "--help" in user:
             print(node_help())
             return 0
-    return spin_node(ros_argv, exiting=True)
+        lifecycle = "--lifecycle" in user
+    return spin_node(ros_argv, managed_node_class() if lifecycle else None, exiting=True)
 
 
 def node_help() -> str:
     """`detector_node --help`: usage and every parameter with its default and meaning."""
-    lines = ["usage: ros2 run livox_infer detector_node [--ros-args -p NAME:=VALUE ... | --params-file FILE]",
+    lines = ["usage: ros2 run livox_infer detector_node [--lifecycle] [--ros-args -p NAME:=VALUE ... | --params-file FILE]",
              "       ros2 launch livox_infer detect.launch.py sensor:=avia", "", "parameters:"]
     for p in PARAMS:
         lines.append(f"  {p.name} (default {p.default!r})")
