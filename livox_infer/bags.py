@@ -45,9 +45,7 @@ DEFAULT_GT_TOPIC = "/livox_infer/ground_truth"
 DEFAULT_GT_TRACKS_TOPIC = "/livox_infer/ground_truth_tracks"
 DEFAULT_ODOMETRY_TOPIC = "/livox_infer/odometry"
 ODOMETRY = "nav_msgs/msg/Odometry"
-TRACKED_OBJECTS = "autoware_perception_msgs/msg/TrackedObjects"
-# autoware_perception_msgs/ObjectClassification labels of CLASS_NAMES (CAR, PEDESTRIAN, BICYCLE)
-AUTOWARE_LABELS = {"car": 1, "pedestrian": 7, "cyclist": 6}
+TRACKED_OBJECTS = "livox_infer_msgs/msg/TrackedObjects"
 STORAGES = ("sqlite3", "mcap")
 
 # --------------------------------------------------------------------------- typestore
@@ -458,14 +456,16 @@ class BagWriter:
 
     def write_tracked_objects(self, topic: str, stamp_ns: int, frame_id: str, boxes: Any, labels: Any, ids: Any,
                               velocities: Any) -> None:
-        """Write ground-truth tracks as autoware_perception_msgs/TrackedObjects: object_id = the id (16 bytes,
-        big-endian), pose = box centre + heading, twist in the object's frame (linear.x along the heading),
-        shape BOUNDING_BOX l, w, h, existence probability 1."""
+        """Write ground-truth tracks as livox_infer_msgs/TrackedObjects (the node's ~/tracked_objects type):
+        track_id = the id, class_id = the class name, pose = box centre + heading, size l, w, h, twist.linear =
+        the velocity in the header frame's axes, score 1, velocity_over_ground true."""
         boxes, labels, _ = _check_boxes(boxes, labels, None)
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         vel = np.asarray(velocities, dtype=np.float64).reshape(-1, 2)
         if len(ids) != len(boxes) or len(vel) != len(boxes):
             raise PointCloudError(f"boxes ({len(boxes)}), ids ({len(ids)}) and velocities ({len(vel)}) disagree")
+        if (ids < 0).any():
+            raise PointCloudError(f"track ids must be >= 0, got {int(ids.min())}")
         t = self._store.types
         sec, nanosec = divmod(int(stamp_ns), 1_000_000_000)
         header = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=sec, nanosec=nanosec),
@@ -473,34 +473,22 @@ class BagWriter:
         vec3 = t["geometry_msgs/msg/Vector3"]
         objects = []
         for box, label, oid, v in zip(boxes, labels, ids, vel):
-            yaw = float(box[6])
-            qx, qy, qz, qw = yaw_to_quaternion(yaw)
-            c, s_ = math.cos(yaw), math.sin(yaw)
-            kin = t["autoware_perception_msgs/msg/TrackedObjectKinematics"](
-                pose_with_covariance=t["geometry_msgs/msg/PoseWithCovariance"](
+            qx, qy, qz, qw = yaw_to_quaternion(float(box[6]))
+            objects.append(t["livox_infer_msgs/msg/TrackedObject"](
+                track_id=int(oid),
+                class_id=CLASS_NAMES[int(label)] if 0 <= int(label) < len(CLASS_NAMES) else "",
+                score=1.0, age=0,
+                pose=t["geometry_msgs/msg/PoseWithCovariance"](
                     pose=t["geometry_msgs/msg/Pose"](
                         position=t["geometry_msgs/msg/Point"](x=float(box[0]), y=float(box[1]), z=float(box[2])),
                         orientation=t["geometry_msgs/msg/Quaternion"](x=qx, y=qy, z=qz, w=qw)),
                     covariance=np.zeros(36, dtype=np.float64)),
-                twist_with_covariance=t["geometry_msgs/msg/TwistWithCovariance"](
-                    twist=t["geometry_msgs/msg/Twist"](linear=vec3(x=c * v[0] + s_ * v[1], y=-s_ * v[0] + c * v[1], z=0.0),
+                size=vec3(x=float(box[3]), y=float(box[4]), z=float(box[5])),
+                twist=t["geometry_msgs/msg/TwistWithCovariance"](
+                    twist=t["geometry_msgs/msg/Twist"](linear=vec3(x=float(v[0]), y=float(v[1]), z=0.0),
                                                        angular=vec3(x=0.0, y=0.0, z=0.0)),
                     covariance=np.zeros(36, dtype=np.float64)),
-                acceleration_with_covariance=t["geometry_msgs/msg/AccelWithCovariance"](
-                    accel=t["geometry_msgs/msg/Accel"](linear=vec3(x=0.0, y=0.0, z=0.0),
-                                                       angular=vec3(x=0.0, y=0.0, z=0.0)),
-                    covariance=np.zeros(36, dtype=np.float64)),
-                orientation_availability=2, is_stationary=bool(np.hypot(*v) < 0.5))
-            objects.append(t["autoware_perception_msgs/msg/TrackedObject"](
-                object_id=t["unique_identifier_msgs/msg/UUID"](
-                    uuid=np.frombuffer(int(oid).to_bytes(16, "big", signed=True), dtype=np.uint8).copy()),
-                existence_probability=1.0,
-                classification=[t["autoware_perception_msgs/msg/ObjectClassification"](
-                    label=AUTOWARE_LABELS.get(CLASS_NAMES[int(label)], 0), probability=1.0)],
-                kinematics=kin,
-                shape=t["autoware_perception_msgs/msg/Shape"](
-                    type=0, footprint=t["geometry_msgs/msg/Polygon"](points=[]),
-                    dimensions=vec3(x=float(box[3]), y=float(box[4]), z=float(box[5])))))
+                velocity_over_ground=True))
         msg = t[TRACKED_OBJECTS](header=header, objects=objects)
         self.write_raw(topic, TRACKED_OBJECTS, self._store.serialize_cdr(msg, TRACKED_OBJECTS), int(stamp_ns))
 
@@ -528,7 +516,6 @@ def read_tracked_objects(path: str | Path, topic: str = DEFAULT_GT_TRACKS_TOPIC)
     frame's axes)."""
     path = Path(path)
     store = typestore()
-    reverse = {v: CLASS_NAMES.index(k) for k, v in AUTOWARE_LABELS.items() if k in CLASS_NAMES}
     reader = _open_reader(path)
     try:
         conns = _select(reader, topic, (TRACKED_OBJECTS,), path)
@@ -536,15 +523,13 @@ def read_tracked_objects(path: str | Path, topic: str = DEFAULT_GT_TRACKS_TOPIC)
             msg = store.deserialize_cdr(raw, TRACKED_OBJECTS)
             boxes, labels, ids, vel = [], [], [], []
             for o in msg.objects:
-                p = o.kinematics.pose_with_covariance.pose
+                p = o.pose.pose
                 yaw = quaternion_to_yaw(p.orientation.x, p.orientation.y, p.orientation.z, p.orientation.w)
-                d = o.shape.dimensions
+                d = o.size
                 boxes.append([p.position.x, p.position.y, p.position.z, d.x, d.y, d.z, yaw])
-                labels.append(reverse.get(int(o.classification[0].label), -1) if o.classification else -1)
-                ids.append(int.from_bytes(bytes(o.object_id.uuid), "big", signed=True))
-                tw = o.kinematics.twist_with_covariance.twist.linear
-                c, s_ = math.cos(yaw), math.sin(yaw)
-                vel.append([c * tw.x - s_ * tw.y, s_ * tw.x + c * tw.y])
+                labels.append(CLASS_NAMES.index(o.class_id) if o.class_id in CLASS_NAMES else -1)
+                ids.append(int(o.track_id))
+                vel.append([o.twist.twist.linear.x, o.twist.twist.linear.y])
             yield TrackFrameGT(stamp_ns=msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec,
                                boxes=np.asarray(boxes, np.float32).reshape(-1, 7), labels=np.asarray(labels, np.int64),
                                ids=np.asarray(ids, np.int64), velocities=np.asarray(vel, np.float32).reshape(-1, 2))

@@ -149,7 +149,7 @@ PARAMS: tuple[Param, ...] = (
           "cloud's stamp to arrive.", range=(0.0, 5.0), applies=NODE),
     Param("publish_markers", "bool", True, "Publish ~/markers (RViz boxes, labels, track ids and velocity arrows).", applies=NODE),
     Param("tracking", "bool", True, "Track the detections (docs/tracking.md): Detection3D.id carries the track id, "
-          "~/tracked_objects (autoware_perception_msgs/TrackedObjects) the tracks with velocities; with "
+          "~/tracked_objects (livox_infer_msgs/TrackedObjects) the tracks with velocities; with "
           "odometry_topic the velocities are over ground, else relative to the sensor.", applies=NODE),
     Param("tracking_confirm_hits", "int", TRACKER_DEFAULTS.confirm_hits, "Detections in a row before a track is "
           "confirmed (gets its id on ~/detections and is published).", range=(1, 20), applies=NODE),

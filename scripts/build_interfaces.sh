@@ -6,11 +6,10 @@
 #                      overlays of a full vision_msgs ("undefined symbol"). Not published as a wheel.
 #   livox_ros_driver2  CustomMsg/CustomPoint: the Livox driver's native cloud, so the node can subscribe to it
 #                      in a pip-only environment (the driver itself is built from source on a ROS install).
-#   autoware_perception_msgs  Autoware's perception messages (the node publishes TrackedObjects): the 19 .msg files
-#                      of autoware_msgs 1.12.0 (commit 7025d8f) copied verbatim, the whole package as for vision_msgs.
+#   livox_infer_msgs   this project's own TrackedObject/TrackedObjects (the node's ~/tracked_objects, docs/tracking.md).
 #
-# The .msg files keep the upstream field layouts exactly (vision_msgs 4.x, livox_ros_driver2, autoware_perception_msgs), so the
-# generated types carry the upstream RIHS01 type hashes and interoperate with real publishers/subscribers.
+# The vision_msgs and livox_ros_driver2 .msg files keep the upstream field layouts exactly, so the generated types
+# carry the upstream RIHS01 type hashes and interoperate with real publishers/subscribers.
 # A package that is already importable from outside the venv (a sourced ROS install) is not built.
 #
 # Usage: scripts/build_interfaces.sh [VENV_DIR [PACKAGE...]]   (default: <repo>/.venv, all three packages)
@@ -23,7 +22,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(cd "${1:-$REPO_ROOT/.venv}" && pwd)"
 shift || true
 PACKAGES=("$@")
-[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(vision_msgs livox_ros_driver2 autoware_perception_msgs)
+[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(vision_msgs livox_ros_driver2 livox_infer_msgs)
 PY="$VENV/bin/python"
 PREFIX="${INTERFACES_PREFIX:-$VENV}"
 BUILD_ROOT="${INTERFACES_BUILD_DIR:-$REPO_ROOT/build/interfaces}"
@@ -33,11 +32,11 @@ die() { printf '[build_interfaces] error: %s\n' "$*" >&2; exit 1; }
 
 [ -x "$PY" ] || die "no Python at $PY (create the venv first: scripts/setup.sh)"
 
-declare -A VERSION=([vision_msgs]=4.1.1 [livox_ros_driver2]=1.0.0 [autoware_perception_msgs]=1.12.0)
+declare -A VERSION=([vision_msgs]=4.1.1 [livox_ros_driver2]=1.0.0 [livox_infer_msgs]=1.0.0)
 declare -A DESCRIPTION=(
     [vision_msgs]="vision_msgs 4.x (all 16 messages), built by livox_infer for pip-only ROS 2 environments."
     [livox_ros_driver2]="Livox CustomMsg/CustomPoint (livox_ros_driver2 layout), built by livox_infer for pip-only ROS 2 environments."
-    [autoware_perception_msgs]="autoware_perception_msgs 1.12.0 (all 19 messages, verbatim), built by livox_infer for pip-only ROS 2 environments."
+    [livox_infer_msgs]="livox_infer's tracked-object messages (TrackedObject, TrackedObjects)."
 )
 
 # site-packages of an INTERFACES_PREFIX overlay, for PYTHONPATH (nothing to add for the venv itself)
@@ -91,7 +90,7 @@ print(os.path.realpath(os.path.dirname($pkg.__file__)))" 2>/dev/null || true)"
 
     # 2. Up to date?  The stamp holds a hash of the inputs (messages, this script, Python and rosidl versions).
     local inputs_hash
-    inputs_hash="$( { cat "$msg_dir"/*.msg "${BASH_SOURCE[0]}" "$REPO_ROOT/scripts/cmake/wheel_include_fix.cmake"
+    inputs_hash="$( { cat "$msg_dir"/*.msg "${BASH_SOURCE[0]}" $(ls "$msg_dir"/../package.xml "$msg_dir"/../CMakeLists.txt 2>/dev/null) "$REPO_ROOT/scripts/cmake/wheel_include_fix.cmake"
                       "$PY" -c '
 import sys, importlib.metadata as md
 print(sys.version)
@@ -117,6 +116,10 @@ print(sorted((d.metadata["Name"].lower(), d.version) for d in md.distributions()
     mkdir -p "$build_dir/src/msg" "$build_dir/build"
     cp "$msg_dir"/*.msg "$build_dir/src/msg/"
 
+    if [ -f "$msg_dir/../package.xml" ] && [ -f "$msg_dir/../CMakeLists.txt" ]; then
+        # A package of our own ships its ament files (colcon builds the same folder on a ROS install).
+        cp "$msg_dir/../package.xml" "$msg_dir/../CMakeLists.txt" "$build_dir/src/"
+    else
     {
         cat <<EOF
 <?xml version="1.0"?>
@@ -163,6 +166,7 @@ ament_export_dependencies(rosidl_default_runtime)
 ament_package()
 EOF
     } >"$build_dir/src/CMakeLists.txt"
+    fi
 
     local jobs
     jobs="$(nproc 2>/dev/null || echo 2)"

@@ -125,7 +125,7 @@ link_ros_layout() {
 # ---------------------------------------------------------------- 5. interface packages
 # vision_msgs (the node's output) and livox_ros_driver2 (CustomMsg input) are not published as wheels.
 build_interfaces() {
-    bash "$REPO_ROOT/scripts/build_interfaces.sh" "$VENV" vision_msgs livox_ros_driver2 autoware_perception_msgs
+    bash "$REPO_ROOT/scripts/build_interfaces.sh" "$VENV" vision_msgs livox_ros_driver2 livox_infer_msgs
 }
 
 # ---------------------------------------------------------------- 6. upstream ROS 2 tools for the tests (optional)

@@ -1,19 +1,17 @@
 """The node's tracking on real rclpy (loopback, isolated domain): Detection3D.id carries the track id,
-~/tracked_objects (autoware_perception_msgs/TrackedObjects) the velocity, ~/markers the ids and velocity arrows,
+~/tracked_objects (livox_infer_msgs/TrackedObjects) the velocity, ~/markers the ids and velocity arrows,
 /diagnostics the tracker's state; `tracking: false` turns it off."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 
 pytest.importorskip("rclpy")
 pytest.importorskip("vision_msgs.msg")
-pytest.importorskip("autoware_perception_msgs.msg")
+pytest.importorskip("livox_infer_msgs.msg")
 
-from autoware_perception_msgs.msg import ObjectClassification, TrackedObjectKinematics, TrackedObjects  # noqa: E402
+from livox_infer_msgs.msg import TrackedObjects  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import PointCloud2  # noqa: E402
@@ -69,16 +67,14 @@ def test_a_moving_car_keeps_its_id_and_gets_its_velocity(ros):
     assert last.header.frame_id == "avia_frame"
     assert ros_msgs.stamp_to_ns(last.header.stamp) == T0 + 11 * 100_000_000
     (obj,) = last.objects
-    uuids = {bytes(o.object_id.uuid) for m in out["tracks"].msgs for o in m.objects}
-    assert len(uuids) == 1 and int.from_bytes(uuids.pop()[8:], "big") == 1  # one stable object id: track 1
-    assert obj.classification[0].label == ObjectClassification.CAR
-    k = obj.kinematics
-    assert abs(k.pose_with_covariance.pose.position.x - (10.0 + 0.8 * 11)) < 0.5
-    # twist in the object's frame: the yaw points along the motion, so linear.x is the speed
-    assert math.hypot(k.twist_with_covariance.twist.linear.x, k.twist_with_covariance.twist.linear.y) \
-        == pytest.approx(speed, abs=0.8)
-    assert k.twist_with_covariance.twist.linear.x > 0 and k.orientation_availability == TrackedObjectKinematics.AVAILABLE
-    assert not k.is_stationary and k.pose_with_covariance.covariance[0] > 0
+    assert {o.track_id for m in out["tracks"].msgs for o in m.objects} == {1}  # one stable id, as Detection3D.id
+    assert obj.class_id == "car" and 0.0 < obj.score <= 1.0 and obj.age >= 10
+    assert abs(obj.pose.pose.position.x - (10.0 + 0.8 * 11)) < 0.5
+    assert obj.size.x > obj.size.y > 0
+    # twist in the header frame's axes: the car moves along +x
+    assert obj.twist.twist.linear.x == pytest.approx(speed, abs=0.8) and abs(obj.twist.twist.linear.y) < 0.8
+    assert obj.pose.covariance[0] > 0 and obj.twist.covariance[0] > 0
+    assert obj.velocity_over_ground is False  # no odometry: relative to the sensor
     assert wait_for(lambda: any(any(mk.ns.endswith("/velocities") and mk.type == Marker.ARROW for mk in m.markers)
                                 for m in out["markers"].msgs))
     labels = [mk.text for m in out["markers"].msgs for mk in m.markers if mk.type == Marker.TEXT_VIEW_FACING]
@@ -109,4 +105,4 @@ def test_a_time_jump_back_restarts_the_tracks_with_new_ids(ros):
     b = _feed(pub, out, 0, (20.0, -3.0, -0.5))  # a looped bag
     assert a.detections[0].id == "1" and b.detections[0].id == "2"
     assert node._tracking.tracker.resets == 1
-    assert np.isfinite(out["tracks"].msgs[-1].objects[0].kinematics.twist_with_covariance.twist.linear.x)
+    assert np.isfinite(out["tracks"].msgs[-1].objects[0].twist.twist.linear.x)

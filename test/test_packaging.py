@@ -39,17 +39,6 @@ LIVOX_DRIVER_TYPE_HASHES = {
     "CustomMsg": "RIHS01_2eb17e5e35bf5a2d6cd079f3c57f33abf95e5bf7d71b42cddc05daace73d815a",
 }
 
-# autoware_perception_msgs 1.12.0 (autowarefoundation/autoware_msgs, commit 7025d8f, msg/*.msg copied verbatim),
-# computed the same way; rosbags' independent implementation (Typestore.hash_rihs01 on the same .msg text) gives
-# the same values.
-AUTOWARE_PERCEPTION_TYPE_HASHES = {
-    "TrackedObjects": "RIHS01_3559bd4e62ce8a4d96e32720c02bbe656cc090bb2b3f3f91f52a7c3ab095417a",
-    "TrackedObject": "RIHS01_3feae2f15953814466d9c0b88485f423d18d94c351877d8fd1645270222c3526",
-    "TrackedObjectKinematics": "RIHS01_9bcc5af91f7802926c091b89fea44d29f8ce04cb34bd62b98844afab21e49ec7",
-    "ObjectClassification": "RIHS01_38131fef2df46486c20c12c238faf778328309f4c3e9daa6ffd621732e48dd19",
-    "Shape": "RIHS01_1a32ac3073c17e4822d39b7f4c263eb1c4a2bacbf707d6db96e77e867063562b",
-}
-
 REQUIRED_EXEC_DEPENDS = {
     "rclpy", "sensor_msgs", "std_msgs", "geometry_msgs", "visualization_msgs", "vision_msgs",
     "diagnostic_msgs", "builtin_interfaces", "rcl_interfaces", "ament_index_python",
@@ -134,6 +123,10 @@ def test_every_installed_distribution_is_pinned():
     """A package installed by hand works here but not in CI's fresh venv: it must be pinned first."""
     lines = _requirement_lines(*VENV_REQUIREMENTS)
     pinned = {line.split("==")[0] for line in lines}
+    import ros_upstream
+    import tf2_support
+
+    source_prefixes = [ros_upstream.PREFIX, tf2_support.PREFIX]
     unpinned = []
     for dist in metadata.distributions():
         if str(getattr(dist, "_path", "")).endswith(".egg-info"):
@@ -142,6 +135,8 @@ def test_every_installed_distribution_is_pinned():
             continue  # setuptools' own vendored copies, on sys.path once torch's C++ builder imports setuptools
         if "/ray/thirdparty_files/" in str(getattr(dist, "_path", "")).replace("\\", "/"):
             continue  # ray's bundled copies (colorama, ...), on sys.path once a test has imported ray
+        if any(Path(str(getattr(dist, "_path", ""))).is_relative_to(prefix) for prefix in source_prefixes):
+            continue  # the upstream ROS tools built from ../shared (make setup's prefixes), on sys.path in test_launch
         name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
         if name not in pinned | {"pip", "setuptools", "wheel", "livox-infer"}:
             unpinned.append(f"{name}=={dist.version}")
@@ -322,18 +317,33 @@ def test_livox_custom_msg_definitions_match_the_driver():
             assert [line for line in lines if line] == fields, f"{package}/{name}"
 
 
-def test_autoware_type_hashes_follow_from_the_shipped_msg_files():
-    """rosbags' own RIHS01 implementation, on the shipped .msg text, gives the hashes the built package carries."""
+def _own_type_hashes() -> dict[str, str]:
+    """RIHS01 hashes of livox_infer_msgs computed by rosbags' independent implementation from the shipped .msg text."""
     from rosbags.typesys import Stores, get_typestore, get_types_from_msg
 
     store = get_typestore(Stores.ROS2_JAZZY)
     types = {}
-    for f in sorted((REPO / "livox_infer" / "interfaces" / "autoware_perception_msgs" / "msg").glob("*.msg")):
-        types.update(get_types_from_msg(f.read_text(), f"autoware_perception_msgs/msg/{f.stem}"))
-    assert len(types) >= 19
+    for f in sorted((REPO / "livox_infer" / "interfaces" / "livox_infer_msgs" / "msg").glob("*.msg")):
+        types.update(get_types_from_msg(f.read_text(), f"livox_infer_msgs/msg/{f.stem}"))
     store.register(types)
-    for name, expected in AUTOWARE_PERCEPTION_TYPE_HASHES.items():
-        assert store.hash_rihs01(f"autoware_perception_msgs/msg/{name}") == expected, name
+    return {name.rsplit("/", 1)[1]: store.hash_rihs01(name) for name in types}
+
+
+def test_own_interface_package_lists_every_shipped_message():
+    """colcon builds livox_infer/interfaces/livox_infer_msgs as it is: its CMakeLists and package.xml must name
+    every .msg file and every package those files use."""
+    root = REPO / "livox_infer" / "interfaces" / "livox_infer_msgs"
+    messages = sorted(f.stem for f in (root / "msg").glob("*.msg"))
+    assert messages == ["TrackedObject", "TrackedObjects"]
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert sorted(re.findall(r'"msg/(\w+)\.msg"', cmake)) == messages
+    used = set()
+    for f in (root / "msg").glob("*.msg"):
+        used |= set(re.findall(r"^\s*([a-z_]+)/[A-Z]", re.sub(r"#.*", "", f.read_text()), re.M))
+    xml = ET.parse(root / "package.xml").getroot()
+    assert xml.findtext("name") == "livox_infer_msgs"
+    assert used == {e.text for e in xml.findall("depend")}
+    assert used <= set(re.search(r"DEPENDENCIES ([\w ]+)", cmake).group(1).split())
 
 
 def test_vision_msgs_definitions_match_vision_msgs_4():
@@ -355,12 +365,14 @@ def test_vision_msgs_definitions_match_vision_msgs_4():
 @pytest.mark.ros
 @pytest.mark.parametrize("package, hashes", [("vision_msgs", VISION_MSGS_TYPE_HASHES),
                                              ("livox_ros_driver2", LIVOX_DRIVER_TYPE_HASHES),
-                                             ("autoware_perception_msgs", AUTOWARE_PERCEPTION_TYPE_HASHES)])
+                                             ("livox_infer_msgs", None)])
 def test_interface_types_carry_the_upstream_type_hashes(package: str, hashes: dict[str, str]):
     """What a publisher advertises on the graph is what real subscribers of these types check."""
     rclpy = pytest.importorskip("rclpy")
     import importlib
 
+    if hashes is None:  # our own package: the built types must carry the hashes bags record (rosbags' computation)
+        hashes = _own_type_hashes()
     messages = importlib.import_module(f"{package}.msg")
     context = rclpy.Context()
     rclpy.init(context=context)

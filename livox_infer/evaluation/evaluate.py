@@ -74,6 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_archive_arguments(p)
 
 
+def _default_score_threshold(args: argparse.Namespace) -> str:
+    """--score-threshold when given; else the operating thresholds for --tracking (what a user's tracker sees) and
+    0.1 for AP (the ranking goes down to 0.1)."""
+    if args.score_threshold is not None:
+        return args.score_threshold
+    return "config" if getattr(args, "tracking", False) else "0.1"
+
+
 def _score_thresholds(value: str):
     """None (the config's) for 'config', else one float for every class."""
     if str(value).strip().lower() == "config":
@@ -90,8 +98,7 @@ def _score_thresholds(value: str):
 def main(args: argparse.Namespace) -> int:
     from livox_infer.detector.config import ModelConfig
 
-    if args.score_threshold is None:
-        args.score_threshold = "config" if args.tracking else "0.1"
+    args.score_threshold = _default_score_threshold(args)
     try:
         parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
         if args.tracking:
@@ -184,7 +191,7 @@ def _pipeline(args: argparse.Namespace, weights: str | None = None):
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
     command_line = dict(model=args.model, weights=weights or args.weights, device=args.device, compile=args.compile,
-                        aoti_package=None, score_thresholds=_score_thresholds(args.score_threshold))
+                        aoti_package=None, score_thresholds=_score_thresholds(_default_score_threshold(args)))
     return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
                                                     defaults=dict(sensor_height="auto",
                                                                   test_time_flip=DEFAULTS["test_time_flip"],

@@ -92,7 +92,7 @@ def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, f
     The header is copied from ``header`` (the input cloud's), with ``frame_id`` overriding
     its frame when given. Each Detection3D carries one hypothesis (class name, score), the box
     centre + yaw quaternion and its size (l, w, h); the hypothesis pose repeats the box pose
-    as vision_msgs consumers (e.g. Autoware) expect. ``track_ids`` (M,): ``Detection3D.id`` = the
+    as vision_msgs consumers expect. ``track_ids`` (M,): ``Detection3D.id`` = the
     track id as a decimal string, "" for 0 (no confirmed track).
     """
     from vision_msgs.msg import Detection3D, Detection3DArray, ObjectHypothesisWithPose
@@ -123,72 +123,46 @@ def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, f
     return out
 
 
-# autoware_perception_msgs/ObjectClassification labels of this package's class names (others: UNKNOWN = 0)
-AUTOWARE_LABELS = {"car": 1, "pedestrian": 7, "cyclist": 6}  # CAR, PEDESTRIAN, BICYCLE
-STATIONARY_SPEED = 0.5  # m/s: is_stationary below this
-HEADING_SPEED = 1.0  # m/s: above it the tracker points the yaw along the motion (orientation AVAILABLE)
+def tracks_to_msg(tracks, class_names, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None):
+    """A tracker's TrackFrame → livox_infer_msgs/TrackedObjects (the confirmed tracks of the frame).
 
-
-def track_uuid(session: bytes, track_id: int) -> bytes:
-    """16-byte object id of a track: 8 bytes of the node's session (random at start) + the id (big-endian)."""
-    return bytes(session[:8]).ljust(8, b"\0") + int(track_id).to_bytes(8, "big")
-
-
-def tracks_to_msg(tracks, class_names, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None,
-                  session: bytes = bytes(8)):
-    """A tracker's TrackFrame → autoware_perception_msgs/TrackedObjects (the confirmed tracks of the frame).
-
-    Per object: ``object_id`` = :func:`track_uuid`; ``existence_probability`` and the one classification's
-    probability = the latest detection's score; pose = box centre + yaw in the header's frame, with the filter's
-    x/y covariance; twist in the object's own frame (Autoware's convention: linear.x along the heading, linear.y
-    to its left, angular.z = yaw rate) with the velocity covariance rotated likewise; shape BOUNDING_BOX with
-    l, w, h. ``orientation_availability`` AVAILABLE above 1 m/s (the yaw then points along the motion), else
-    SIGN_UNKNOWN (the detector's box axis has no front); ``is_stationary`` below 0.5 m/s.
+    Per object: ``track_id`` (the Detection3D.id of its detections), ``class_id`` (the class name), ``score`` (the
+    latest detection's), ``age`` (frames), pose = box centre + yaw in the header's frame with the filter's x/y
+    covariance, ``size`` = l, w, h, twist = vx, vy in the header frame's axes and the yaw rate, with the filter's
+    velocity covariance, and ``velocity_over_ground`` (ego motion was applied).
     """
-    from autoware_perception_msgs.msg import (ObjectClassification, Shape, TrackedObject, TrackedObjectKinematics,
-                                              TrackedObjects)
+    from livox_infer_msgs.msg import TrackedObject, TrackedObjects
 
     out = TrackedObjects()
     out.header = _header(header, stamp_ns, frame_id)
     boxes = to_numpy(tracks.boxes).reshape(-1, 7).astype(np.float64)
     vel = to_numpy(tracks.velocities).reshape(-1, 2).astype(np.float64)
     cov = tracks.covariances
+    over_ground = bool(tracks.ego_motion)
     for i, box in enumerate(boxes):
         obj = TrackedObject()
-        obj.object_id.uuid = np.frombuffer(track_uuid(session, int(tracks.track_ids[i])), np.uint8).copy()
-        score = float(np.clip(tracks.scores[i], 0.0, 1.0))
-        obj.existence_probability = score
+        obj.track_id = int(tracks.track_ids[i])
         label = int(tracks.labels[i])
-        name = class_names[label] if 0 <= label < len(class_names) else ""
-        cls = ObjectClassification()
-        cls.label = AUTOWARE_LABELS.get(name, ObjectClassification.UNKNOWN)
-        cls.probability = score
-        obj.classification = [cls]
-        k = obj.kinematics
-        pose = k.pose_with_covariance.pose
+        obj.class_id = class_names[label] if 0 <= label < len(class_names) else ""
+        obj.score = float(np.clip(tracks.scores[i], 0.0, 1.0))
+        obj.age = int(min(max(int(tracks.ages[i]), 0), 2**32 - 1))
+        pose = obj.pose.pose
         pose.position.x, pose.position.y, pose.position.z = (float(v) for v in box[:3])
         qx, qy, qz, qw = yaw_to_quaternion(box[6])
         pose.orientation.x, pose.orientation.y, pose.orientation.z, pose.orientation.w = qx, qy, qz, qw
-        c, s_ = math.cos(box[6]), math.sin(box[6])
-        to_body = np.array([[c, s_], [-s_, c]])
-        v_body = to_body @ vel[i]
-        tw = k.twist_with_covariance.twist
-        tw.linear.x, tw.linear.y = float(v_body[0]), float(v_body[1])
+        obj.size.x, obj.size.y, obj.size.z = (float(v) for v in box[3:6])
+        tw = obj.twist.twist
+        tw.linear.x, tw.linear.y = float(vel[i, 0]), float(vel[i, 1])
         tw.angular.z = float(tracks.yaw_rates[i])
         pc = np.zeros(36)
         tc = np.zeros(36)
         if cov is not None:
             P = np.asarray(cov[i], np.float64)
             pc[[0, 1, 6, 7]] = P[:2, :2].reshape(-1)
-            tc[[0, 1, 6, 7]] = (to_body @ P[2:, 2:] @ to_body.T).reshape(-1)
-        k.pose_with_covariance.covariance = pc
-        k.twist_with_covariance.covariance = tc
-        speed = float(np.hypot(*vel[i]))
-        k.orientation_availability = (TrackedObjectKinematics.AVAILABLE if speed > HEADING_SPEED
-                                      else TrackedObjectKinematics.SIGN_UNKNOWN)
-        k.is_stationary = speed < STATIONARY_SPEED
-        obj.shape.type = Shape.BOUNDING_BOX
-        obj.shape.dimensions.x, obj.shape.dimensions.y, obj.shape.dimensions.z = (float(v) for v in box[3:6])
+            tc[[0, 1, 6, 7]] = P[2:, 2:].reshape(-1)
+        obj.pose.covariance = pc
+        obj.twist.covariance = tc
+        obj.velocity_over_ground = over_ground
         out.objects.append(obj)
     return out
 

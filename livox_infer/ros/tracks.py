@@ -1,5 +1,5 @@
 """The node's tracking glue: runs `livox_infer.tracking.Tracker` after each frame, publishes
-``~/tracked_objects`` (autoware_perception_msgs/TrackedObjects) and reports in the diagnostics.
+``~/tracked_objects`` (livox_infer_msgs/TrackedObjects) and reports in the diagnostics.
 
 Kept out of node.py: the node calls :meth:`NodeTracking.frame` with the frame's detections and stamp, and gets the
 track id of each detection (or None when tracking is off or failed) and the TrackFrame for the markers.
@@ -7,7 +7,6 @@ track id of each detection (or None when tracking is off or failed) and the Trac
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import numpy as np
@@ -20,9 +19,9 @@ TRACKED_TOPIC = "~/tracked_objects"
 
 
 def tracked_objects_class():
-    """autoware_perception_msgs TrackedObjects, or None when that interface package is not installed."""
+    """livox_infer_msgs TrackedObjects, or None when that interface package is not built (make setup / colcon)."""
     try:
-        from autoware_perception_msgs.msg import TrackedObjects
+        from livox_infer_msgs.msg import TrackedObjects
     except ImportError:
         return None
     return TrackedObjects
@@ -37,14 +36,13 @@ class NodeTracking:
         self._node = node
         self._values = values
         self._poses = poses  # -> livox_infer.accumulate.PoseBuffer when odometry is subscribed, else None
-        self._session = os.urandom(8)
         self.failed = 0
         self.last_error = ""
         self.tracker: Tracker | None = None
         cls = tracked_objects_class()
         self.publisher = node.create_publisher(cls, TRACKED_TOPIC, qos) if cls is not None else None
         if cls is None:
-            node.get_logger().warning(f"autoware_perception_msgs is not installed: {TRACKED_TOPIC} is not published "
+            node.get_logger().warning(f"livox_infer_msgs is not installed: {TRACKED_TOPIC} is not published "
                                       "(track ids still go into Detection3D.id and the markers)")
 
     def has_subscribers(self) -> int:
@@ -74,11 +72,9 @@ class NodeTracking:
             return None, None
         if self.publisher is not None:
             if header is None:
-                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), stamp_ns=stamp_ns, frame_id=frame_id,
-                                             session=self._session)
+                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), stamp_ns=stamp_ns, frame_id=frame_id)
             else:
-                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), header, frame_id=frame_id,
-                                             session=self._session)
+                msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), header, frame_id=frame_id)
             self.publisher.publish(msg)
         return tracks.detection_track_ids, tracks
 
@@ -102,7 +98,7 @@ class NodeTracking:
     def diagnostics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tracking": "on" if self._values().get("tracking", False) else "off",
                                "tracked_objects": TRACKED_TOPIC if self.publisher is not None else
-                               "not published (autoware_perception_msgs not installed)",
+                               "not published (livox_infer_msgs not installed)",
                                "tracking_failed": self.failed}
         if self.tracker is not None:
             out.update(self.tracker.diagnostics())

@@ -3,7 +3,7 @@
 Clouds go to /livox/lidar (PointCloud2 in the chosen layout, or livox_ros_driver2/msg/CustomMsg with
 ``--layout custom``), ground truth to /livox_infer/ground_truth as vision_msgs/Detection3DArray with the
 same stamp and frame_id (Detection3D.id = the object's id, stable over the drive), the same objects with their
-velocities to /livox_infer/ground_truth_tracks as autoware_perception_msgs/TrackedObjects (velocity over ground,
+velocities to /livox_infer/ground_truth_tracks as livox_infer_msgs/TrackedObjects (velocity over ground,
 twist in the object's frame), and the sensor's pose to /livox_infer/odometry (nav_msgs/Odometry, odom -> frame_id).
 Frames are one continuous drive (the scan pattern continues across frames).
 """
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default=_D.topic)
     p.add_argument("--gt-topic", default=_D.gt_topic)
     p.add_argument("--gt-tracks-topic", default=_D.gt_tracks_topic,
-                   help="ground-truth ids and velocities (autoware_perception_msgs/TrackedObjects)")
+                   help="ground-truth ids and velocities (livox_infer_msgs/TrackedObjects)")
     p.add_argument("--odometry-topic", default=_D.odometry_topic, help="sensor pose (nav_msgs/Odometry, odom -> frame id)")
     p.add_argument("--min-points", type=int, default=_D.min_points,
                    help="write ground-truth boxes only for objects with at least this many returns")
