@@ -44,6 +44,8 @@ class FakePipeline:
         self.busy_s = busy_s  # Python work holding the GIL, as a network forward does between ops
         self.calls: list[int] = []  # stamp_ns of every cloud detected, in order
         self.updates: list[dict] = []
+        self.last_points = None
+        self.ground_resets = 0
         self.backend = f"fake-{options.get('device')}"
 
     def detect(self, msg) -> FakeDetections:
@@ -51,6 +53,7 @@ class FakePipeline:
         cloud = msg if isinstance(msg, Cloud) else decode_pointcloud2(msg)
         t1 = time.perf_counter()
         self.calls.append(cloud.stamp_ns)
+        self.last_points = cloud.points  # what a real network would have been given
         if self.delay_s:
             time.sleep(self.delay_s)
         end = time.perf_counter() + self.busy_s
@@ -63,6 +66,9 @@ class FakePipeline:
         return FakeDetections(box, np.array([0]), np.array([0.9], np.float32), ["car"],
                               timings_ms={"decode": (t1 - t0) * 1e3, "network": self.delay_s * 1e3},
                               points_over_budget=max(0, len(cloud) - self.options.get("max_points", len(cloud))))
+
+    def reset_ground(self) -> None:
+        self.ground_resets += 1
 
     def update(self, **options) -> None:
         self.updates.append(options)

@@ -147,6 +147,9 @@ def test_a_rig_described_by_tf_gives_the_rig_files_boxes(ros, tmp_path):
     a, b = ros_msgs.msg_to_arrays(file_dets.msgs[0]), ros_msgs.msg_to_arrays(tf_dets.msgs[0])
     assert a.frame_id == b.frame_id == "base_link" and a.stamp_ns == b.stamp_ns == stamp
     assert len(a.boxes) == 1 and np.allclose(a.boxes, b.boxes, atol=1e-4)  # float32 quaternions in /tf_static
+    # the detector gets the same merged cloud, point for point, so the real network's boxes agree as well
+    pa, pb = by_file._pipeline.last_points, by_tf._pipeline.last_points
+    assert pa.shape == pb.shape == (400, pa.shape[1]) and np.allclose(pa, pb, atol=1e-4)
     assert diagnostics(by_tf)["frames_tf_failed"] == "0"
 
 

@@ -105,4 +105,5 @@ def test_a_time_jump_back_restarts_the_tracks_with_new_ids(ros):
     b = _feed(pub, out, 0, (20.0, -3.0, -0.5))  # a looped bag
     assert a.detections[0].id == "1" and b.detections[0].id == "2"
     assert node._tracking.tracker.resets == 1
+    assert node._pipeline.ground_resets == 1  # a new scene: the smoothed ground estimate restarts too
     assert np.isfinite(out["tracks"].msgs[-1].objects[0].twist.twist.linear.x)

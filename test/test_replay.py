@@ -133,7 +133,7 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
     topic = "/" + unique("ctrl_c")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), "--loop", "--rate", "0",
-                             "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--wait-for-subscriber", "0", "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
@@ -153,6 +153,40 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
     assert "Traceback" not in out and "RCLError" not in out, out
     assert "deprecated" not in out, out
     assert f"{topic}:" in out and "loops" in out, out  # the summary
+
+
+@pytest.mark.slow  # a replay subprocess: ~5 s
+def test_replay_cli_waits_for_a_late_subscriber_so_the_first_frame_is_not_lost(ros, tmp_path):
+    """A node subscribing a moment after `livox-infer replay` started still gets the bag's first frame (DDS drops
+    what is published before discovery matched the subscriber; `ros2 launch` + replay lost it every time)."""
+    import os
+    import subprocess
+    import sys
+
+    bag = write_bag(tmp_path / "bag")
+    topic = "/" + unique("late")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), "--rate", "0",
+                             "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("replaying" in line for line in lines), timeout_s=60), "".join(lines)
+        time.sleep(0.5)  # the replay is up; the subscriber comes late
+        got = Collector(ros.node(unique("late_sub")), PointCloud2, topic)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=5)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert wait_for(lambda: len(got.msgs) == FRAMES), (len(got.msgs), out)
+    first = got.msgs[0].header.stamp
+    assert first.sec * 1_000_000_000 + first.nanosec == T0, out  # the first frame arrived
 
 
 def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_path, capsys):

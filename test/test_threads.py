@@ -189,3 +189,19 @@ def test_bench_pipeline_times_each_mode_quiet_and_under_load(monkeypatch, capsys
     assert [r.split("|")[3].strip() for r in rows] == ["0", "1"]  # load column
     assert len({len(line) for line in out.splitlines() if line.startswith("|")}) == 1
     assert len(started) == 1 and started[0].poll() is not None
+
+
+def test_bench_pipeline_tracking_adds_the_trackers_time_to_the_total(capsys):
+    """--tracking: a 'track' column and 'total + track' = total + track per call (issue 32: node p99 with tracking)."""
+    argv = ["bench", "pipeline", "--modes", "eager", "--frames", "2", "--iters", "4", "--warmup", "2", "--tracking"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| mode"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    (row,) = [line for line in out.splitlines() if line.startswith("| eager")]
+    cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|"))))
+    track_p50 = float(cells["track p50 / p99"].split("/")[0])
+    total_p50 = float(cells["total p50 / p99"].split("/")[0])
+    with_p50 = float(cells["total + track p50 / p99"].split("/")[0])
+    assert 0.0 < track_p50 < 50.0
+    assert with_p50 >= total_p50

@@ -7,7 +7,8 @@ this machine by `make package` / `livox-infer export --install`) builds its own
 DetectionPipeline, warms up, then times every stage of ``iters`` calls; the table shows p50 / p99 in
 milliseconds. ``--load N`` times every mode a second time with N busy processes beside it (a robot's
 CPU is never idle), so the rows under contention sit next to the quiet ones. On CUDA the compiled
-mode uses CUDA graphs (mode="reduce-overhead").
+mode uses CUDA graphs (mode="reduce-overhead"). ``--tracking`` also runs the node's tracker after every frame
+(default tracking parameters, 100 ms stamps) and adds its time and the total with it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from livox_infer.params import add_cli_options, parse_sensor_height
 from livox_infer.threads import apply_threads
 
 STAGES = ("decode", "ground", "voxelize", "network", "refine", "postprocess", "total")
+TRACK_STAGES = ("track", "total + track")
 MODES = ("eager", "compiled", "aoti")
 
 
@@ -44,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-refine", action="store_true", help="stage 1 alone: skip the stage-2 refiner of models with a refine section")
     p.add_argument("--load", type=process_count, default=0, metavar="N",
                    help="also time every mode with N busy processes beside it (started and stopped by the bench)")
+    p.add_argument("--tracking", action="store_true",
+                   help="also time the tracker after every frame (the node's default tracking settings)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
                    help="run on this grid (a preset's bev_extent) instead of the model's")
@@ -84,17 +88,42 @@ def build_pipeline(mode: str, args, sensor_height):
     return pipe, setup_s
 
 
+def _tracker(pipe):
+    from livox_infer.tracking import Tracker, TrackerConfig
+
+    return Tracker(TrackerConfig(), tuple(pipe.cfg.classes))  # the node's defaults (params.TRACKER_DEFAULTS)
+
+
 def time_pipeline(pipe, msgs, args) -> tuple[dict[str, np.ndarray], float]:
-    """Per-stage milliseconds of ``args.iters`` calls after ``args.warmup`` untimed ones; mean boxes per frame."""
+    """Per-stage milliseconds of ``args.iters`` calls after ``args.warmup`` untimed ones; mean boxes per frame.
+    With ``args.tracking`` the tracker runs after each call (frames 100 ms apart), as the node does."""
+    tracker = _tracker(pipe) if getattr(args, "tracking", False) else None
+    stamp = 0
+
+    def step(i: int):
+        nonlocal stamp
+        det = pipe.detect(msgs[i % len(msgs)])
+        track_ms = 0.0
+        if tracker is not None:
+            stamp += 100_000_000
+            t0 = time.perf_counter()
+            tracker.update(det.boxes, det.labels, det.scores, stamp)
+            track_ms = (time.perf_counter() - t0) * 1e3
+        return det, track_ms
+
     for i in range(args.warmup):
-        pipe.detect(msgs[i % len(msgs)])
-    rows = {k: [] for k in STAGES}
+        step(i)
+    stages = STAGES + (TRACK_STAGES if tracker is not None else ())
+    rows = {k: [] for k in stages}
     n_boxes = 0
     for i in range(args.iters):
-        det = pipe.detect(msgs[i % len(msgs)])
+        det, track_ms = step(i)
         n_boxes += len(det)
         for k in STAGES:
             rows[k].append(det.timings_ms[k])
+        if tracker is not None:
+            rows["track"].append(track_ms)
+            rows["total + track"].append(det.timings_ms["total"] + track_ms)
     return {k: np.asarray(v) for k, v in rows.items()}, n_boxes / max(1, args.iters)
 
 
@@ -111,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
     loads = [0] + ([args.load] if args.load else [])
     load_before = os.getloadavg()[0]
     rows = []
+    stages = STAGES + (TRACK_STAGES if args.tracking else ())
     try:
         modes = parse_modes(args.modes, args.aoti_package)
         msgs, height, n_points = make_messages(args.sensor, args.frames, args.seed)
@@ -123,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
                     timings, boxes = time_pipeline(pipe, msgs, args)
                 rows.append([label, torch.get_num_threads(), load]
                             + [f"{np.percentile(timings[s], 50):.2f} / {np.percentile(timings[s], 99):.2f}"
-                               for s in STAGES] + [f"{setup_s:.1f}", f"{boxes:.1f}"])
+                               for s in stages] + [f"{setup_s:.1f}", f"{boxes:.1f}"])
     except LivoxInferError as exc:
         print(f"livox-infer bench pipeline: {exc}", file=sys.stderr)
         return 2
@@ -132,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
           f"(true {height:.2f} m), {args.iters} calls per row; {os.cpu_count()} cores, load average "
           f"{load_before:.2f} before the run")
     print("ms p50 / p99 per stage; load = busy processes started by the bench beside it")
-    header = ["mode", "threads", "load"] + [f"{s} p50 / p99" for s in STAGES] + ["setup s", "boxes"]
+    header = ["mode", "threads", "load"] + [f"{s} p50 / p99" for s in stages] + ["setup s", "boxes"]
     print(format_table(header, rows))
     if any(r[0].endswith("*") for r in rows):
         print("* compilation failed; these numbers are eager")

@@ -534,9 +534,24 @@ class DetectorNode(Node):
             self.stats.add_latency("queue_wait", (started - received_at) * 1e3)
             self.stats.add_latency("end_to_end", (done - received_at) * 1e3)
 
+    def _restart_scene_on_time_jump_back(self, msg) -> None:
+        """A stamp older than the last frame's (a looped or restarted bag, a sensor restart) starts a new scene: the
+        pipeline forgets its smoothed ground estimates, as the tracker drops its tracks, so a replayed recording
+        gives the same boxes every time."""
+        header = getattr(msg, "header", None)
+        stamp = ros_msgs.stamp_to_ns(header.stamp) if header is not None else int(getattr(msg, "stamp_ns", 0) or 0)
+        last, self._last_detect_stamp = getattr(self, "_last_detect_stamp", None), stamp
+        if last is not None and stamp < last:
+            reset = getattr(self._pipeline, "reset_ground", None)
+            if reset is not None:
+                reset()
+            self.get_logger().info(f"time jumped back {(last - stamp) / 1e9:.3f} s: a new scene (ground estimate "
+                                   "and tracks restart)", throttle_duration_sec=WARN_THROTTLE_S)
+
     def _detect(self, msg):
         """The pipeline's detections, or None after counting and warning about a rejected / failed cloud."""
         try:
+            self._restart_scene_on_time_jump_back(msg)
             with self._pipeline_lock:
                 dets = self._pipeline.detect(msg)
             self._tracking.annotate(dets, msg, self._values["frame_id"] or None)  # track ids, ~/tracked_objects

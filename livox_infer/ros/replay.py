@@ -186,6 +186,16 @@ class BagReplayer:
             time.sleep(0.02)
         return True
 
+    def wait_for_any_subscriber(self, timeout_s: float) -> bool:
+        """Wait until some output topic has a matched subscriber, up to ``timeout_s``: a message published before
+        DDS discovery matched the subscriber (a fraction of a second after start) is lost to it."""
+        deadline = time.monotonic() + timeout_s
+        while not any(p.get_subscription_count() > 0 for p in self._publishers.values()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> ReplayStats:
         """Publish until the bag ends (or forever with ``loop``, until ``stop`` is set)."""
         stop = stop or threading.Event()
@@ -373,12 +383,26 @@ def _spin_until(node, stop: threading.Event) -> None:
 
 
 # ---------------------------------------------------------------------- CLI
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}") from None
+    if not (value >= 0.0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bag", nargs="?", help="rosbag2 directory (sqlite3 or mcap)")
     parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (0 = as fast as possible)")
     parser.add_argument("--loop", action="store_true", help="start over at the end")
     parser.add_argument("--remap", action="append", default=[], metavar="FROM:=TO", help="rename a topic")
     parser.add_argument("--topics", nargs="+", default=None, help="replay only these bag topics")
+    parser.add_argument("--wait-for-subscriber", type=_non_negative_seconds, default=5.0, metavar="S",
+                        help="before the first message, wait up to S seconds until a subscriber has matched one of "
+                        "the topics (else the first messages are lost to a node that is still being discovered); "
+                        "0 = start at once (default %(default)s)")
     parser.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                         help="soak benchmark: start the node (subprocess), replay looped, report RSS/drops/latency")
     parser.add_argument("--sensor", default="avia", help="soak: sensor preset of the node (default avia)")
@@ -408,6 +432,8 @@ def main(args: argparse.Namespace) -> int:
                   + (" (loop, Ctrl-C to stop)" if args.loop else ""), flush=True)
             started = time.monotonic()
             try:
+                if args.wait_for_subscriber > 0 and not replayer.wait_for_any_subscriber(args.wait_for_subscriber):
+                    print(f"no subscriber after {args.wait_for_subscriber:g} s: replaying anyway", file=sys.stderr)
                 stats = replayer.run()
             except KeyboardInterrupt:  # Ctrl-C ends the replay (a --loop runs until then): a normal end
                 stats = replayer.stats
