@@ -1,7 +1,7 @@
-"""`Voxelizer` module, the `livox_infer::voxelize_fused` custom op and the `voxelize()` entry point.
+"""`Voxelizer` module and the `voxelize()` entry point.
 
-On GPU the two Triton kernels run through `torch.library.triton_op` + `wrap_triton`, so the op
-composes with torch.compile(fullgraph=True) (inductor sees the kernels and their mutations).
+On GPU the two Triton kernels run through the `livox_infer::voxelize_fused` custom op (`fused_op.py`:
+`torch.library.triton_op` + `wrap_triton`), so the op composes with torch.compile(fullgraph=True).
 The accumulators are registered buffers of `Voxelizer`: CUDA-graph trees skip graphs that mutate
 a tensor passed in as a graph input, but mutating buffers of the compiled module is fine.
 On CPU the module runs the plain-torch reference (the Triton interpreter cannot run inside
@@ -11,13 +11,10 @@ torch.compile), which gives bit-identical results.
 from __future__ import annotations
 
 import functools
+import os
 import threading
-from collections.abc import Callable
-
 import numpy as np
 import torch
-import triton
-from torch.library import triton_op, wrap_triton
 
 from livox_infer.errors import BackendError, PointCloudError
 from livox_infer.voxelize.grid import MAX_POINTS, GridConfig
@@ -26,103 +23,17 @@ from livox_infer.voxelize.reference import (
     new_reference_state,
     voxelize_reference,
 )
-from livox_infer.voxelize.triton_kernels import (
-    ACCUMULATE_BLOCK,
-    ACCUMULATE_MAX_PROGRAMS,
-    ACCUMULATOR_NAMES,
-    INTERPRETING,
-    NORMALIZE_BLOCK,
-    accumulate_kernel,
-    new_accumulators,
-    normalize_kernel,
-)
+
+# TRITON_INTERPRET=1 (set before import) runs the Triton kernels on CPU tensors, for tests (triton_kernels reads it too)
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def launch_kernels(
-    wrap: Callable,
-    points: torch.Tensor,
-    n_points: int,
-    n_points_ptr: torch.Tensor | None,
-    capacity: int,
-    acc: dict[str, torch.Tensor] | list[torch.Tensor],
-    count_lut: torch.Tensor,
-    out: torch.Tensor,
-    k: dict,
-    n_slices: int,
-    xy_offsets: bool = False,
-) -> None:
-    """Launch kernel 1 (if there can be points) and kernel 2. `wrap` is `wrap_triton` inside the
-    custom op and the identity for direct launches (interpreter tests, CUDA-graph capture).
-    With `n_points_ptr`, N is read on the device (grid sized for `capacity` points)."""
-    count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum = acc.values() if isinstance(acc, dict) else acc
-    n_cells = k["width"] * k["height"]
-    if capacity > 0:
-        # sym_min: no guard on N under torch.compile's dynamic shapes
-        programs = torch.sym_min(triton.cdiv(capacity, ACCUMULATE_BLOCK), ACCUMULATE_MAX_PROGRAMS)
-        wrap(accumulate_kernel)[(programs,)](
-            points, n_points, count_lut if n_points_ptr is None else n_points_ptr,
-            count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum,
-            k["x_min"], k["y_min"], k["z_min"], k["inv_cell"], k["inv_z_quantum"], k["intensity_mult"],
-            k["xy_levels"], k["width"], k["height"], k["z_levels"], k["levels_per_slice"],
-            N_FROM_PTR=n_points_ptr is not None, XY_OFFSETS=xy_offsets, BLOCK=ACCUMULATE_BLOCK,
-        )
-    wrap(normalize_kernel)[(triton.cdiv(n_cells, NORMALIZE_BLOCK),)](
-        count, z_max, z_min, occupancy, z_sum, i_sum, x_sum, y_sum, count_lut, out,
-        n_cells, k["count_saturation"], k["inv_z_levels"], k["inv_intensity_levels"], k["inv_2_xy_levels"],
-        N_SLICES=n_slices, XY_OFFSETS=xy_offsets, BLOCK=NORMALIZE_BLOCK,
-    )
+def _fused_op():
+    """The Triton op's module, imported (the op registered) on first use: triton and the kernels cost ~1.3 s of
+    start-up that the CPU path never needs."""
+    from livox_infer.voxelize import fused_op
 
-
-@triton_op(
-    "livox_infer::voxelize_fused",
-    mutates_args={"count", "z_max", "z_min", "occupancy", "z_sum", "intensity_sum", "x_sum", "y_sum"},
-)
-def voxelize_fused(
-    points: torch.Tensor,
-    count: torch.Tensor,
-    z_max: torch.Tensor,
-    z_min: torch.Tensor,
-    occupancy: torch.Tensor,
-    z_sum: torch.Tensor,
-    intensity_sum: torch.Tensor,
-    x_sum: torch.Tensor,
-    y_sum: torch.Tensor,
-    count_lut: torch.Tensor,
-    x_min: float,
-    y_min: float,
-    z_min_m: float,
-    inv_cell: float,
-    inv_z_quantum: float,
-    intensity_mult: float,
-    width: int,
-    height: int,
-    z_levels: int,
-    levels_per_slice: int,
-    count_saturation: int,
-    inv_z_levels: float,
-    inv_intensity_levels: float,
-    n_slices: int,
-    xy_levels: float,
-    inv_2_xy_levels: float,
-    xy_offsets: bool,
-) -> torch.Tensor:
-    """Both Triton kernels: (N, 4) float32 points -> (5 [+ 2 with xy_offsets] + n_slices, height, width)
-    float32. The accumulators must be in their reset state and are left in it."""
-    n_channels = 5 + (2 if xy_offsets else 0) + n_slices
-    out = torch.empty((n_channels, height, width), dtype=torch.float32, device=points.device)
-    k = dict(
-        x_min=x_min, y_min=y_min, z_min=z_min_m, inv_cell=inv_cell, inv_z_quantum=inv_z_quantum,
-        intensity_mult=intensity_mult, width=width, height=height, z_levels=z_levels,
-        levels_per_slice=levels_per_slice, count_saturation=count_saturation,
-        inv_z_levels=inv_z_levels, inv_intensity_levels=inv_intensity_levels, xy_levels=xy_levels,
-        inv_2_xy_levels=inv_2_xy_levels,
-    )
-    n = points.shape[0]
-    # int32 flat offsets (4 * N) in kernel 1; Voxelizer raises PointCloudError before this.
-    torch._check(n <= MAX_POINTS, lambda: f"voxelize_fused takes at most {MAX_POINTS} points, got {n}")
-    acc = [count, z_max, z_min, occupancy, z_sum, intensity_sum, x_sum, y_sum]
-    launch_kernels(wrap_triton, points, n, None, n, acc, count_lut, out, k, n_slices, xy_offsets)
-    return out
+    return fused_op
 
 
 def check_points(points: torch.Tensor | np.ndarray, device: torch.device | None = None) -> torch.Tensor:
@@ -171,6 +82,9 @@ class Voxelizer(torch.nn.Module):
         self.register_buffer("count_lut", torch.from_numpy(grid.count_lut()).to(device), persistent=False)
         self._reference_constants: ReferenceConstants | None = None
         if backend == "triton":
+            _fused_op()  # registers torch.ops.livox_infer.voxelize_fused
+            from livox_infer.voxelize.triton_kernels import new_accumulators
+
             for name, t in new_accumulators(grid, device).items():
                 self.register_buffer(f"acc_{name}", t, persistent=False)
         else:
@@ -194,6 +108,8 @@ class Voxelizer(torch.nn.Module):
         return {name: getattr(self, f"ref_{name}") for name in self._state_names}
 
     def accumulators(self) -> dict[str, torch.Tensor]:
+        from livox_infer.voxelize.triton_kernels import ACCUMULATOR_NAMES
+
         return {name: getattr(self, f"acc_{name}") for name in ACCUMULATOR_NAMES}
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
@@ -256,7 +172,7 @@ class CudaGraphVoxelizer:
 
     def _launch(self) -> None:
         v = self.voxelizer
-        launch_kernels(
+        _fused_op().launch_kernels(
             lambda kernel: kernel, self.points, 0, self.n_points, self.capacity, v.accumulators(),
             v.count_lut, self.out, v.constants, v.grid.n_height_slices, v.grid.xy_offsets,
         )
