@@ -140,17 +140,34 @@ def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: 
                     path, meta["machine"], machine_tag(device))
 
 
+class _PackageModel:
+    """A loaded package, called with positional tensors: what torch's AOTICompiledModel does for that case, without
+    importing torch.export's archive module for it (1.4 s of a node's start-up on 2 cores)."""
+
+    def __init__(self, loader) -> None:
+        from torch.utils import _pytree as pytree
+
+        self._pytree = pytree
+        self.loader = loader
+        self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
+
+    def __call__(self, *args: torch.Tensor):
+        flat = [x for x in self._pytree.tree_flatten(args)[0] if isinstance(x, torch.Tensor)]
+        return self._pytree.tree_unflatten(self.loader.boxed_run(flat), self._out_spec)
+
+    def get_metadata(self) -> dict[str, str]:
+        return self.loader.get_metadata()
+
+
 def _load_package(file: str):
     """torch's aoti_load_package without its device probe: before loading, torch finds the CPU's vector ISA by
     building and loading a test extension per ISA (pick_vec_isa: 1.4 s of a 4 s node start on 2 cores), only to
     warn on a mismatch, which _check_metadata does from the package's recorded ``machine`` for free."""
     try:
-        from torch.export.pt2_archive._package import AOTICompiledModel
-
         loader = torch._C._aoti.AOTIModelPackageLoader(file, "model", False, 1, -1)
+        return _PackageModel(loader)
     except (ImportError, AttributeError):  # another torch's internals: its own loader, probe included
         return torch._inductor.aoti_load_package(file)
-    return AOTICompiledModel(loader)
 
 
 # --------------------------------------------------------------------------- packages built for this machine
