@@ -34,6 +34,7 @@ DETECTION3D_ARRAY = "vision_msgs/msg/Detection3DArray"
 CUSTOM_MSG_TYPES = ("livox_ros_driver2/msg/CustomMsg", "livox_ros_driver/msg/CustomMsg",
                     "livox_interfaces/msg/CustomMsg")
 REPLAYED_TYPES = (POINTCLOUD2, DETECTION3D_ARRAY, *CUSTOM_MSG_TYPES)
+ACK_TIMEOUT_S = 3.0  # at the end of a replay: how long reliable subscribers may take to acknowledge the last messages
 
 
 class BagError(LivoxInferError, ValueError):
@@ -142,6 +143,7 @@ class BagReplayer:
         self._publishers: dict[str, Any] = {}
         self._out_topic: dict[str, str] = {}
         self._check: dict[str, Callable[[bytes], None]] = {}
+        self._cloud_topics: list[str] = []  # what a detector subscribes to (not the ground truth)
         for topic, msgtype in bag_topics(self.bag).items():
             if wanted is not None and topic not in wanted:
                 continue
@@ -155,6 +157,8 @@ class BagReplayer:
             out = self.remap.get(topic, topic)
             self._out_topic[topic] = out
             self._publishers[topic] = node.create_publisher(cls, out, qos_depth)
+            if msgtype != DETECTION3D_ARRAY:
+                self._cloud_topics.append(topic)
             self._check[topic] = message_check(msgtype)
             self.stats.published[out] = 0
         if not self._publishers:
@@ -186,15 +190,29 @@ class BagReplayer:
             time.sleep(0.02)
         return True
 
-    def wait_for_any_subscriber(self, timeout_s: float) -> bool:
-        """Wait until some output topic has a matched subscriber, up to ``timeout_s``: a message published before
-        DDS discovery matched the subscriber (a fraction of a second after start) is lost to it."""
+    def wait_for_cloud_subscribers(self, timeout_s: float) -> bool:
+        """Wait until every replayed cloud topic has a matched subscriber (the ground truth's do not count), up to
+        ``timeout_s``: a message published before DDS discovery matched a subscriber is lost to it."""
+        pubs = [self._publishers[t] for t in self._cloud_topics] or list(self._publishers.values())
         deadline = time.monotonic() + timeout_s
-        while not any(p.get_subscription_count() > 0 for p in self._publishers.values()):
+        while not all(p.get_subscription_count() > 0 for p in pubs):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
         return True
+
+    def wait_for_acks(self, timeout_s: float) -> bool:
+        """Wait until every matched subscriber acknowledged what was published (reliable QoS), up to
+        ``timeout_s`` in all: a replay that exits at once takes unacknowledged messages with it, which a
+        subscriber still completing discovery would have fetched a moment later."""
+        from rclpy.duration import Duration
+
+        deadline = time.monotonic() + timeout_s
+        ok = True
+        for pub in self._publishers.values():
+            left = max(0.0, deadline - time.monotonic())
+            ok = pub.wait_for_all_acked(Duration(nanoseconds=int(left * 1e9))) and ok
+        return ok
 
     def run(self, stop: threading.Event | None = None, max_messages: int | None = None) -> ReplayStats:
         """Publish until the bag ends (or forever with ``loop``, until ``stop`` is set)."""
@@ -400,8 +418,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remap", action="append", default=[], metavar="FROM:=TO", help="rename a topic")
     parser.add_argument("--topics", nargs="+", default=None, help="replay only these bag topics")
     parser.add_argument("--wait-for-subscriber", type=_non_negative_seconds, default=5.0, metavar="S",
-                        help="before the first message, wait up to S seconds until a subscriber has matched one of "
-                        "the topics (else the first messages are lost to a node that is still being discovered); "
+                        help="before the first message, wait up to S seconds until every replayed cloud topic has a "
+                        "subscriber (else the first messages are lost to a node that is still being discovered); "
                         "0 = start at once (default %(default)s)")
     parser.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                         help="soak benchmark: start the node (subprocess), replay looped, report RSS/drops/latency")
@@ -432,9 +450,13 @@ def main(args: argparse.Namespace) -> int:
                   + (" (loop, Ctrl-C to stop)" if args.loop else ""), flush=True)
             started = time.monotonic()
             try:
-                if args.wait_for_subscriber > 0 and not replayer.wait_for_any_subscriber(args.wait_for_subscriber):
-                    print(f"no subscriber after {args.wait_for_subscriber:g} s: replaying anyway", file=sys.stderr)
+                if args.wait_for_subscriber > 0 and not replayer.wait_for_cloud_subscribers(args.wait_for_subscriber):
+                    print(f"a cloud topic has no subscriber after {args.wait_for_subscriber:g} s: replaying anyway",
+                          file=sys.stderr)
                 stats = replayer.run()
+                if not replayer.wait_for_acks(ACK_TIMEOUT_S):
+                    print(f"some messages were not acknowledged by their subscribers within {ACK_TIMEOUT_S:g} s",
+                          file=sys.stderr)
             except KeyboardInterrupt:  # Ctrl-C ends the replay (a --loop runs until then): a normal end
                 stats = replayer.stats
                 stats.wall_s = time.monotonic() - started
