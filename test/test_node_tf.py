@@ -209,3 +209,28 @@ def test_frame_id_and_output_frame_together_are_refused(ros):
     with pytest.raises(ValueError, match="either frame_id"):
         DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("bad"), context=ros.context,
                      parameter_overrides=[Parameter("frame_id", value="a"), Parameter("output_frame", value="b")])
+
+
+def test_tracked_objects_follow_output_frame_with_their_velocity_rotated(ros):
+    """~/tracked_objects come out in output_frame like the detections: poses moved, velocities rotated."""
+    livox_infer_msgs = pytest.importorskip("livox_infer_msgs.msg")
+    topic = "/" + unique("cloud")
+    node, client, (pub,), dets, _ = start(ros, {"input_topic": topic, "output_frame": "base_link"}, [topic])
+    tracks = Collector(client, livox_infer_msgs.TrackedObjects, f"{node.get_fully_qualified_name()}/tracked_objects")
+    assert wait_for(lambda: node._tracking.publisher.get_subscription_count() == 1), "discovery failed"
+    tf2_ros.StaticTransformBroadcaster(client).sendTransform(static_transform("base_link", "livox_frame", MOUNT))
+    t0 = 4_000_000_000
+    for k in range(6):  # a car moving +8 m/s along the sensor's x axis
+        msg = cloud_msg(stamp_ns=t0 + k * 100_000_000, frame_id="livox_frame", centre=(10.0 + 0.8 * k, 2.0, -0.5),
+                        seed=k)
+        assert publish_while(pub, msg, lambda n=k: len(dets.msgs) >= n + 1)
+    assert wait_for(lambda: any(m.objects for m in tracks.msgs))
+    last = tracks.msgs[-1]
+    assert last.header.frame_id == "base_link" and ros_msgs.stamp_to_ns(last.header.stamp) == t0 + 500_000_000
+    (obj,) = last.objects
+    det = dets.msgs[-1].detections[0]  # the same frame's detection, already in base_link
+    assert abs(obj.pose.pose.position.x - det.bbox.center.position.x) < 0.5
+    assert abs(obj.pose.pose.position.y - det.bbox.center.position.y) < 0.5
+    v = np.array([obj.twist.twist.linear.x, obj.twist.twist.linear.y, obj.twist.twist.linear.z])
+    want = MOUNT[:3, :3] @ np.array([8.0, 0.0, 0.0])  # the sensor's +x in base_link
+    assert np.linalg.norm(v - want) < 1.0, (v, want)

@@ -517,12 +517,14 @@ class DetectorNode(Node):
         if self._values["publish_markers"] and self._marker_pub.get_subscription_count() > 0:
             markers = ros_msgs.detections_to_markers(dets, out.header)
         target = self._values["output_frame"]
+        moved = True
         if target and out.header.frame_id != target:  # into output_frame at the cloud's stamp, or empty
             out, markers, moved = self._to_output_frame(out, markers, target)
             succeeded = succeeded and moved
         self._det_pub.publish(out)
         if markers is not None:
             self._marker_pub.publish(markers)
+        self._tracking.publish_pending(publish=moved)  # ~/tracked_objects, in output_frame too
         done = time.monotonic()
         if not succeeded:
             return
@@ -620,6 +622,7 @@ class DetectorNode(Node):
         transform_detections(out, transform, target)
         if markers is not None:
             transform_markers(markers, transform, target)
+        self._tracking.move_pending(transform, target)
         return out, markers, True
 
     def _publish_empty(self, stamp_ns: int, frame_id: str) -> None:

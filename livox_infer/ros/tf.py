@@ -94,6 +94,27 @@ def transform_detections(msg, transform: np.ndarray, frame_id: str):
     return msg
 
 
+def _rotate_covariance(cov, rot: np.ndarray) -> np.ndarray:
+    """A 6x6 row-major covariance with its linear (top-left 3x3) block rotated: R C R^T."""
+    c = np.asarray(cov, dtype=np.float64).reshape(6, 6).copy()
+    c[:3, :3] = rot @ c[:3, :3] @ rot.T
+    return c.reshape(-1)
+
+
+def transform_tracked_objects(msg, transform: np.ndarray, frame_id: str):
+    """livox_infer_msgs/TrackedObjects in place into ``frame_id``: poses T @ pose, velocities (linear and angular)
+    and the x/y/z covariance blocks rotated; sizes unchanged. Returns ``msg``."""
+    rot = np.asarray(transform, dtype=np.float64)[:3, :3]
+    msg.header.frame_id = frame_id
+    for obj in msg.objects:
+        _move_pose(obj.pose.pose, transform)
+        obj.pose.covariance = _rotate_covariance(obj.pose.covariance, rot)
+        for vec in (obj.twist.twist.linear, obj.twist.twist.angular):
+            vec.x, vec.y, vec.z = (float(v) for v in rot @ np.array([vec.x, vec.y, vec.z]))
+        obj.twist.covariance = _rotate_covariance(obj.twist.covariance, rot)
+    return msg
+
+
 def transform_markers(msg, transform: np.ndarray, frame_id: str):
     """visualization_msgs/MarkerArray in place into ``frame_id``: each marker's pose T @ pose (its points are in
     the marker's own frame, so they move with it; a DELETEALL is only relabelled). Returns ``msg``."""

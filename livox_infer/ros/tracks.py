@@ -39,11 +39,26 @@ class NodeTracking:
         self.failed = 0
         self.last_error = ""
         self.tracker: Tracker | None = None
+        self.pending = None  # the last frame's TrackedObjects, until the node publishes it
         cls = tracked_objects_class()
         self.publisher = node.create_publisher(cls, TRACKED_TOPIC, qos) if cls is not None else None
         if cls is None:
             node.get_logger().warning(f"livox_infer_msgs is not installed: {TRACKED_TOPIC} is not published "
                                       "(track ids still go into Detection3D.id and the markers)")
+
+    def move_pending(self, transform, frame_id: str) -> None:
+        """The frame's tracked objects into ``frame_id`` (the detections' output_frame transform)."""
+        if self.pending is not None:
+            from livox_infer.ros.tf import transform_tracked_objects
+
+            transform_tracked_objects(self.pending, transform, frame_id)
+
+    def publish_pending(self, publish: bool = True) -> None:
+        """Publish the frame's tracked objects (after its detections), or drop them (``publish`` False: the frame
+        could not be placed in output_frame, and a wrong frame is never published)."""
+        msg, self.pending = self.pending, None
+        if publish and msg is not None and self.publisher is not None:
+            self.publisher.publish(msg)
 
     def has_subscribers(self) -> int:
         return self.publisher.get_subscription_count() if self.publisher is not None else 0
@@ -70,12 +85,13 @@ class NodeTracking:
             self.last_error = f"tracking: {type(exc).__name__}: {exc}"
             self._node.get_logger().warning(f"frame not tracked: {exc}", throttle_duration_sec=5.0)
             return None, None
+        self.pending = None
         if self.publisher is not None:
             if header is None:
                 msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), stamp_ns=stamp_ns, frame_id=frame_id)
             else:
                 msg = ros_msgs.tracks_to_msg(tracks, tuple(class_names), header, frame_id=frame_id)
-            self.publisher.publish(msg)
+            self.pending = msg  # published by the node with the frame's detections (moved to output_frame first)
         return tracks.detection_track_ids, tracks
 
     def annotate(self, dets, msg, frame_override: str | None) -> None:
