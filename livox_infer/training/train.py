@@ -747,6 +747,35 @@ def main(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- training
 
 
+class _StopOnSigint:
+    """The first Ctrl-C asks the training loop to stop after the current step. A KeyboardInterrupt raised at any
+    point tore through a data-loader fetch mid-handshake, and the worker printed a ConnectionResetError traceback.
+    A second Ctrl-C interrupts at once. Only in the main thread, where Python delivers signals."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def install(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
 def train(opts: TrainOptions) -> TrainResult:
     """One training run (dataset shards, then the detector or the refiner); see the module doc."""
     from tqdm import tqdm
@@ -848,7 +877,9 @@ def train(opts: TrainOptions) -> TrainResult:
     step = start - 1
     progress = start / opts.steps
     completed = start  # steps whose optimizer update has finished: what an interrupt keeps
+    stop = _StopOnSigint()
     try:
+        stop.install()
         for step, bev, tgt, scene in bar:
             progress = step / opts.steps
             if budget_s:
@@ -898,11 +929,15 @@ def train(opts: TrainOptions) -> TrainResult:
             if out_of_time:
                 log.info("--time-budget used up at step %d", done)
                 break
+            if stop.requested:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C: keep the finished steps, say how to go on, stop (the CLI exits 130)
         bar.close()
         save_checkpoint(ckpt, net, opt, cfg, completed, best, args_json)
         log.warning("interrupted at step %d of %d: checkpoint %s saved; the same command with --resume continues "
                     "(best weights so far: %s)", completed, opts.steps, ckpt, out if out.is_file() else "none yet")
         raise
+    finally:
+        stop.restore()
     log.info("finished at step %d, best val score %.3f, %.1f min", step + 1, best, (time.time() - t_start) / 60)
     return TrainResult(out, work, step + 1, best)
