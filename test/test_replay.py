@@ -3,6 +3,7 @@ scaled by --rate, remapping, sqlite3 and mcap, CustomMsg, errors; and replay →
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -124,30 +125,15 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
     """`livox-infer replay BAG --loop --remap A:=B`, then Ctrl-C: exit 0 with the summary, no RCLError traceback
     (rclpy's SIGINT handler used to invalidate the context under the publish loop) and no rcl warning about
     the deprecated remap syntax (our --remap reached rcl as a bare `A:=B`)."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     bag = write_bag(tmp_path / "bag")
     topic = "/" + unique("ctrl_c")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), "--loop", "--rate", "0",
-                             "--wait-for-subscriber", "0", "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        assert wait_for(lambda: any("replaying" in line for line in lines), timeout_s=60), "".join(lines)
+    with _replay_cli(bag, "--loop", "--rate", "0", "--wait-for-subscriber", "0", "--remap", f"/livox/lidar:={topic}") \
+            as (proc, lines):
         time.sleep(1.0)  # publishing (rate 0: as fast as possible) when the Ctrl-C comes
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=5)
     out = "".join(lines)
     assert rc in (0, 130), out
     assert "Traceback" not in out and "RCLError" not in out, out
@@ -159,34 +145,41 @@ def test_replay_cli_ends_cleanly_on_ctrl_c_and_remaps_without_rcl_warnings(tmp_p
 def test_replay_cli_waits_for_a_late_subscriber_so_the_first_frame_is_not_lost(ros, tmp_path):
     """A node subscribing a moment after `livox-infer replay` started still gets the bag's first frame (DDS drops
     what is published before discovery matched the subscriber; `ros2 launch` + replay lost it every time)."""
-    import os
-    import subprocess
-    import sys
-
     bag = write_bag(tmp_path / "bag")
     topic = "/" + unique("late")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), "--rate", "0",
-                             "--remap", f"/livox/lidar:={topic}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        assert wait_for(lambda: any("replaying" in line for line in lines), timeout_s=60), "".join(lines)
+    with _replay_cli(bag, "--rate", "0", "--remap", f"/livox/lidar:={topic}") as (proc, lines):
         time.sleep(0.5)  # the replay is up; the subscriber comes late
         got = Collector(ros.node(unique("late_sub")), PointCloud2, topic)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=5)
     out = "".join(lines)
     assert proc.returncode == 0, out
     assert wait_for(lambda: len(got.msgs) == FRAMES), (len(got.msgs), out)
     first = got.msgs[0].header.stamp
     assert first.sec * 1_000_000_000 + first.nanosec == T0, out  # the first frame arrived
+
+
+@contextlib.contextmanager
+def _replay_cli(bag, *args: str):
+    """`livox-infer replay BAG ARGS` as a subprocess, once it says "replaying": (process, its output lines so far,
+    growing); killed on the way out if still running, its output read to the end."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "livox_infer.tools.cli", "replay", str(bag), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("replaying" in line for line in lines), timeout_s=60), "".join(lines)
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
 
 
 def test_corrupt_messages_are_counted_not_published_and_fail_the_cli(ros, tmp_path, capsys):
