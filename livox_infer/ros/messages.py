@@ -85,6 +85,13 @@ def stamp_to_ns(stamp) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
+def message_stamp_ns(msg) -> int:
+    """Stamp of what the node detects on: a message's header stamp, or a Cloud's ``stamp_ns`` (CustomMsg, merged
+    or accumulated clouds)."""
+    header = getattr(msg, "header", None)
+    return stamp_to_ns(header.stamp) if header is not None else int(getattr(msg, "stamp_ns", 0) or 0)
+
+
 def detections_to_msg(detections, header=None, *, stamp_ns: int | None = None, frame_id: str | None = None,
                       track_ids=None):
     """Detections (boxes (M,7), labels, scores) → vision_msgs/Detection3DArray.

@@ -201,6 +201,7 @@ class DetectorNode(Node):
         if reason:
             raise ConfigError(f"invalid parameters: {reason}")
         self._rig_options: dict[str, Any] = {}  # pipeline options a rig file fixes
+        self._last_detect_stamp: int | None = None  # a later, older stamp restarts the scene
         self._tf = self._make_tf()  # None: no TF needed (output_frame, odometry_frame unset)
         self._assembler = self._make_assembler()  # None: one topic, one frame at a time (the plain path)
 
@@ -540,9 +541,8 @@ class DetectorNode(Node):
         """A stamp older than the last frame's (a looped or restarted bag, a sensor restart) starts a new scene: the
         pipeline forgets its smoothed ground estimates, as the tracker drops its tracks, so a replayed recording
         gives the same boxes every time."""
-        header = getattr(msg, "header", None)
-        stamp = ros_msgs.stamp_to_ns(header.stamp) if header is not None else int(getattr(msg, "stamp_ns", 0) or 0)
-        last, self._last_detect_stamp = getattr(self, "_last_detect_stamp", None), stamp
+        stamp = ros_msgs.message_stamp_ns(msg)
+        last, self._last_detect_stamp = self._last_detect_stamp, stamp
         if last is not None and stamp < last:
             reset = getattr(self._pipeline, "reset_ground", None)
             if reset is not None:

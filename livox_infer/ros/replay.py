@@ -37,6 +37,16 @@ REPLAYED_TYPES = (POINTCLOUD2, DETECTION3D_ARRAY, *CUSTOM_MSG_TYPES)
 ACK_TIMEOUT_S = 3.0  # at the end of a replay: how long reliable subscribers may take to acknowledge the last messages
 
 
+def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """True once ``condition()`` holds (checked every 20 ms), False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 class BagError(LivoxInferError, ValueError):
     """The bag cannot be opened or holds nothing that can be replayed."""
 
@@ -183,23 +193,13 @@ class BagReplayer:
     def wait_for_subscribers(self, topic: str, count: int = 1, timeout_s: float = 10.0) -> bool:
         """Wait until ``count`` subscribers matched the output ``topic`` (DDS discovery takes a moment)."""
         pub = next(p for t, p in self._publishers.items() if self._out_topic[t] == topic)
-        deadline = time.monotonic() + timeout_s
-        while pub.get_subscription_count() < count:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        return _poll(lambda: pub.get_subscription_count() >= count, timeout_s)
 
     def wait_for_cloud_subscribers(self, timeout_s: float) -> bool:
         """Wait until every replayed cloud topic has a matched subscriber (the ground truth's do not count), up to
         ``timeout_s``: a message published before DDS discovery matched a subscriber is lost to it."""
         pubs = [self._publishers[t] for t in self._cloud_topics] or list(self._publishers.values())
-        deadline = time.monotonic() + timeout_s
-        while not all(p.get_subscription_count() > 0 for p in pubs):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        return _poll(lambda: all(p.get_subscription_count() > 0 for p in pubs), timeout_s)
 
     def wait_for_acks(self, timeout_s: float) -> bool:
         """Wait until every matched subscriber acknowledged what was published (reliable QoS), up to

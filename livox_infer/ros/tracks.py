@@ -98,11 +98,10 @@ class NodeTracking:
         """Track the frame ``dets`` came from (``msg``: the PointCloud2 or Cloud it was detected in) and set
         ``dets.track_ids`` and ``dets.tracks``, which detections_to_msg / detections_to_markers then show."""
         header = getattr(msg, "header", None)
+        stamp_ns = ros_msgs.message_stamp_ns(msg)
         if header is not None:
-            stamp_ns = ros_msgs.stamp_to_ns(header.stamp)
             frame_id = frame_override
         else:  # a Cloud (CustomMsg, merged or accumulated clouds)
-            stamp_ns = int(getattr(msg, "stamp_ns", 0) or 0)
             frame_id = frame_override or str(getattr(msg, "frame_id", ""))
         names = tuple(getattr(dets, "class_names", None) or CLASS_NAMES)
         track_ids, tracks = self.frame(dets, stamp_ns, names, header, frame_id)
