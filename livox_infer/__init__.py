@@ -6,7 +6,7 @@ package; ``livox_infer.ros.node`` is the thin rclpy layer on top.
 
 __version__ = "0.1.0"
 
-CLASS_NAMES = ("car", "pedestrian", "cyclist")
+CLASS_NAMES = ("car", "pedestrian", "cyclist", "truck", "bus")
 
 # torch.compile's cache goes to livox_infer's one cache folder (livox_infer/cache.py), set before torch is imported
 # by any livox_infer module: importing inductor otherwise writes its /tmp default into the environment first.

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-# RGBA, 0-1. Blue cars, red pedestrians, green cyclists (the markers' colours since the first node).
+# RGBA, 0-1. Blue cars, red pedestrians, green cyclists (the markers' colours since the first node), orange trucks,
+# purple buses.
 CLASS_COLORS: dict[str, tuple[float, float, float, float]] = {
     "car": (0.10, 0.55, 1.00, 1.0),
     "pedestrian": (1.00, 0.25, 0.20, 1.0),
     "cyclist": (0.20, 0.90, 0.30, 1.0),
+    "truck": (1.00, 0.65, 0.10, 1.0),
+    "bus": (0.75, 0.30, 0.95, 1.0),
 }
 UNKNOWN_COLOR: tuple[float, float, float, float] = (0.7, 0.7, 0.7, 1.0)  # a class name not in the table
 

@@ -224,7 +224,7 @@ def test_detection_message_layout(tmp_path):
 
 
 @pytest.mark.parametrize("boxes,labels,scores", [
-    ([[0, 0, 0, 1, 1, 1, 0]], [3], None),  # label outside CLASS_NAMES
+    ([[0, 0, 0, 1, 1, 1, 0]], [5], None),  # label outside CLASS_NAMES
     ([[0, 0, 0, 1, 1, 1, 0]], [0, 1], None),  # length mismatch
     ([[0, 0, np.nan, 1, 1, 1, 0]], [0], None),
 ])

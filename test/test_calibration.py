@@ -21,7 +21,7 @@ def test_parse_calibration_checks_knots():
     assert parse_calibration(None, CLASSES) is None
     t = parse_calibration({"car": [[0, 0], [0.5, 0.3], [1, 1]]}, CLASSES)
     assert t[0] == ((0.0, 0.0), (0.5, 0.3), (1.0, 1.0)) and t[1] is None and t[2] is None
-    for bad in ({"truck": [[0, 0], [1, 1]]}, {"car": [[0, 0]]}, {"car": [[0, 0.5], [1, 0.2]]},
+    for bad in ({"tractor": [[0, 0], [1, 1]]}, {"car": [[0, 0]]}, {"car": [[0, 0.5], [1, 0.2]]},
                 {"car": [[0.5, 0], [0.2, 1]]}, {"car": [[0, 0], [1, 1.5]]}, {"car": "x"}, [1, 2]):
         with pytest.raises(ConfigError, match="score_calibration"):
             parse_calibration(bad, CLASSES)

@@ -15,7 +15,7 @@ def test_markers_and_bev_pictures_use_the_one_table():
 
     assert messages.CLASS_COLORS is colors.CLASS_COLORS and bev_plot.CLASS_COLORS is colors.CLASS_COLORS
     assert set(CLASS_NAMES) <= set(colors.CLASS_COLORS)
-    assert colors.class_color_hex("car") == "#1a8cff" and colors.class_color("bus") == colors.UNKNOWN_COLOR
+    assert colors.class_color_hex("car") == "#1a8cff" and colors.class_color("tractor") == colors.UNKNOWN_COLOR
 
 
 def test_a_car_marker_has_the_tables_car_colour():
@@ -40,13 +40,15 @@ def test_bev_picture_draws_each_class_in_its_colour_with_a_legend(tmp_path):
 
     rng = np.random.default_rng(0)
     points = np.concatenate([rng.uniform([0, -20, -1.5], [40, 20, 1.0], (3000, 3)), np.zeros((3000, 1))], 1)
-    boxes = np.array([[20, 0, 0, 4.5, 2.0, 1.5, 0.3], [10, 8, 0, 0.8, 0.8, 1.8, 0.0], [30, -8, 0, 1.8, 0.7, 1.7, 1.0]])
+    boxes = np.array([[20, 0, 0, 4.5, 2.0, 1.5, 0.3], [10, 8, 0, 0.8, 0.8, 1.8, 0.0], [30, -8, 0, 1.8, 0.7, 1.7, 1.0],
+                      [15, -14, 0, 8.0, 2.4, 3.4, 0.0], [32, 12, 0, 11.5, 2.5, 3.1, 0.1]])
+    names = ["car", "pedestrian", "cyclist", "truck", "bus"]
     path = tmp_path / "bev.png"
-    save_bev_png(path, points.astype(np.float32), boxes, ["car", "pedestrian", "cyclist"], np.array([0.9, 0.5, 0.7]),
+    save_bev_png(path, points.astype(np.float32), boxes, names, np.array([0.9, 0.5, 0.7, 0.8, 0.6]),
                  (0, 40, -20, 20), title="t")
     img = imread(path)[..., :3]
-    for name in ("car", "pedestrian", "cyclist"):  # the outline's exact colour is in the picture
+    for name in names:  # the outline's exact colour is in the picture
         want = np.array(colors.CLASS_COLORS[name][:3])
         assert (np.abs(img - want).max(axis=-1) < 0.02).sum() > 20, name
     labels = [h.get_label() for h in legend_handles(with_labels=True)]
-    assert labels[:3] == list(colors.CLASS_COLORS) and "labelled (dashed)" in labels
+    assert labels[:5] == list(colors.CLASS_COLORS) and "labelled (dashed)" in labels

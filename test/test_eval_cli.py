@@ -73,6 +73,7 @@ def test_eval_bag_by_range_with_baseline(tmp_path, capsys):
     (["--score-threshold", "2"], "score-threshold"),
     (["--score-threshold", "high"], "score-threshold"),
     (["--sim-option", "no_such_option=1"], "no_such_option"),
+    (["--sim-option", "scene=street"], "the command chooses it"),  # was a TypeError traceback
     (["--ranges", "30,10"], "ranges"),
 ])
 def test_eval_sim_argument_errors(args, message, capsys):

@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from livox_infer.errors import ConfigError, WeightsError
+from livox_infer import CLASS_NAMES
 from livox_infer.detector import InferenceModel, ModelConfig, build_model, load_weights, save_weights
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.metrics import average_precision_r40
@@ -34,9 +35,9 @@ def small_config(**over) -> ModelConfig:
 
 
 def test_shipped_configs_load():
-    for name in ("lite", "full"):
+    for name, classes in (("lite", CLASS_NAMES), ("lite-sim", CLASS_NAMES[:3]), ("full", CLASS_NAMES[:3])):
         cfg = ModelConfig.load(name)
-        assert cfg.classes == ("car", "pedestrian", "cyclist")
+        assert cfg.classes == classes
         assert cfg.grid.shape[0] == cfg.grid.n_channels
         assert cfg.weights.endswith(".safetensors")
     assert ModelConfig.load("full").grid.cell_size < ModelConfig.load("lite").grid.cell_size
@@ -466,8 +467,9 @@ def _new_network_config(**over) -> ModelConfig:
 
 
 def test_iou_head_config_and_architecture():
-    with_iou = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.2, "cyclist": 0.0})
-    assert with_iou.iou_head and with_iou.iou_score_alpha == (0.5, 0.2, 0.0)
+    with_iou = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.2, "cyclist": 0.0, "truck": 0.5,
+                                                    "bus": 0.5})
+    assert with_iou.iou_head and with_iou.iou_score_alpha == (0.5, 0.2, 0.0, 0.5, 0.5)
     assert with_iou.architecture()["iou_head"] is True
     plain = _old_network_config()
     # weights trained before the IoU head existed keep their architecture hash
@@ -506,7 +508,7 @@ def test_iou_aware_scores_and_flip_merge():
     """score = heat^(1-a) * iou^a per class; the IoU map survives the flip merge."""
     from livox_infer.detector.postprocess import merge_flipped
 
-    cfg = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0})
+    cfg = _new_network_config(iou_score_alpha={"car": 0.5, "pedestrian": 0.25, "cyclist": 0.0, "truck": 0.5, "bus": 0.5})
     boxes = np.array([[10.3, 2.1, 0.8, 4.2, 1.8, 1.5, 0.4], [12.7, -5.3, 0.9, 0.6, 0.7, 1.7, -1.0],
                       [20.0, 8.05, 0.8, 1.8, 0.6, 1.7, 1.3]], np.float32)
     labels = np.array([0, 1, 2])

@@ -22,6 +22,7 @@ from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
 from livox_infer.ros import messages as ros_msgs  # noqa: E402
 from livox_infer.ros.node import DetectorNode
 from livox_infer.params import pipeline_options  # noqa: E402
+from livox_infer.detector.config import ModelConfig  # noqa: E402
 from test_node_support import cloud_msg, Collector, FakeFactory, unique, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -273,8 +274,9 @@ def test_valid_parameter_changes_apply_in_place_or_rebuild(ros):
     node, pub, dets, _, factory = start_node(ros)
     first = factory.built[0]
     assert set_param(node, "score_threshold_car", 0.6).successful
-    assert first.updates[-1] == {"score_thresholds": {"car": 0.6, "pedestrian": node._values[
-        "score_threshold_pedestrian"], "cyclist": node._values["score_threshold_cyclist"]}}
+    classes = ModelConfig.load("lite").classes
+    assert first.updates[-1] == {"score_thresholds": {
+        c: 0.6 if c == "car" else node._values[f"score_threshold_{c}"] for c in classes}}
     r = node.set_parameters_atomically([Parameter("roi_x_min", value=-10.0), Parameter("roi_x_max", value=50.0)])
     assert r.successful
     assert first.updates[-1]["roi"][0] == -10.0 and first.updates[-1]["roi"][3] == 50.0

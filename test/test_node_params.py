@@ -20,6 +20,7 @@ pytest.importorskip("vision_msgs.msg")
 
 from livox_infer.ros.node import DetectorNode, add_arguments, ros_arguments
 from livox_infer.params import BY_NAME, class_params  # noqa: E402
+from livox_infer.detector.config import ModelConfig  # noqa: E402
 from livox_infer.presets import SENSOR_PRESETS, load_preset, preset_files, read_param_file  # noqa: E402
 from test_node_support import FakeFactory, unique  # noqa: E402
 
@@ -55,7 +56,8 @@ def test_preset_yaml_reaches_the_node_and_pipeline(ros, sensor):
     opts = factory.built[0].options
     assert opts["roi"] == (values["roi_x_min"], values["roi_y_min"], values["roi_z_min"],
                            values["roi_x_max"], values["roi_y_max"], values["roi_z_max"])
-    assert opts["score_thresholds"] == {"car": 0.55, "pedestrian": 0.1, "cyclist": 0.45}  # models/lite.yaml
+    lite = ModelConfig.load("lite")
+    assert opts["score_thresholds"] == dict(zip(lite.classes, lite.score_thresholds))  # models/lite.yaml
     assert opts["sensor_height"] == values["sensor_height"]
     assert opts["model"] == values["model"] and opts["max_range"] == values["max_range"]
     assert opts["bev_extent"] == tuple(values["bev_extent"])
@@ -69,12 +71,9 @@ def test_class_thresholds_follow_the_loaded_model(ros, tmp_path):
     node = ros.add(DetectorNode(pipeline_factory=FakeFactory(), node_name=unique("full"), context=ros.context,
                                 cli_args=["--ros-args", "-p", "model:=full"]))
     assert node.get_parameter("score_threshold_pedestrian").value == 0.25  # models/full.yaml
-    other = tmp_path / "other.yaml"
-    cfg = yaml.safe_load((CONFIG.parent / "models" / "lite.yaml").read_text().replace("cyclist", "bicycle"))
-    other.write_text(yaml.safe_dump(cfg))
-    result = node.set_parameters([Parameter("model", value=str(other))])[0]
+    result = node.set_parameters([Parameter("model", value="lite")])[0]  # five classes: full has three
     assert not result.successful and "other classes" in result.reason
-    assert node.set_parameters([Parameter("model", value="lite")])[0].successful
+    assert node.set_parameters([Parameter("model", value="lite-sim")])[0].successful  # the same three
 
 
 def test_invalid_preset_values_stop_start_up(ros, tmp_path):

@@ -29,7 +29,7 @@ def small_model(tmp_path_factory):
     cfg["name"] = "tiny"
     # lite's calibration map and operating thresholds are fitted to lite's weights, not to these random ones
     cfg.pop("score_calibration", None)
-    cfg["score_thresholds"] = {"car": 0.45, "pedestrian": 0.4, "cyclist": 0.4}
+    cfg["score_thresholds"] = {"car": 0.45, "pedestrian": 0.4, "cyclist": 0.4, "truck": 0.4, "bus": 0.4}
     cfg["grid"].update(x_range=[0.0, 25.6], y_range=[-12.8, 12.8])
     cfg["backbone"].update(stem_channels=4, stage_channels=[8, 8], stage_blocks=[1, 1], neck_channels=8)
     cfg["head"]["head_channels"] = 8
@@ -100,7 +100,7 @@ def test_parameters_update_and_validation(small_model):
     pipe.update(intensity_scale=1.0)
     assert pipe.voxelizer is not old_vox and pipe.grid.intensity_scale == 1.0
     for bad in (
-        {"score_thresholds": 2.0}, {"score_thresholds": {"truck": 0.1}}, {"score_thresholds": [0.1]},
+        {"score_thresholds": 2.0}, {"score_thresholds": {"tractor": 0.1}}, {"score_thresholds": [0.1]},
         {"sensor_height": "high"}, {"sensor_height": float("nan")}, {"sensor_tilt": (1,)},
         {"intensity_scale": 0}, {"max_detections": 0}, {"tag_filter": "some"}, {"roi": (0, 1)}, {"colour": 1},
     ):

@@ -48,7 +48,8 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage9-refine", "stage10-refine", "stage11-real"] and len(names) == 15
+    assert names[0] == "stage1" and names[-3:] == ["stage10-refine", "stage12-trucks", "stage12-trucks2"] and \
+        len(names) == 16
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -126,12 +127,19 @@ def _recipe_fields(options):
     return {k: v for k, v in json.loads(options.to_json()).items() if k not in NOT_RECIPE}
 
 
-def test_stage11_dataset_is_the_command_that_made_its_shards(tmp_path):
+STAGE12_DATA = {  # the commands that made stage 12's shards (2026-12-05)
+    "R2": "--train-frames 1000 --val-frames 100 --seed 402",
+    "T1": "--train-frames 500 --val-frames 100 --seed 403 --sim-option large_vehicles=3",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE12_DATA))
+def test_stage12_datasets_are_the_commands_that_made_their_shards(name, tmp_path):
     r = load_recipe(RECIPE)
-    ours = recipe_mod.dataset_options(r, r.datasets["R1"], tmp_path, Runtime())
-    want = _cli_options("--data-only --train-frames 1000 --val-frames 100 --seed 401 "
-                        "--sensors hdl64,vlp32,os64,mid40,mid70,tele15,horizon,avia --sim-option ego_speed=[0,15] "
-                        "--sim-option yaw_rate_dps=[-15,15] --sim-option sensor_height=[1.0,2.2] --sim-option clutter=1.5")
+    ours = recipe_mod.dataset_options(r, r.datasets[name], tmp_path, Runtime())
+    want = _cli_options("--data-only --sensors hdl64,vlp32,os64,mid40,mid70,tele15,horizon,avia "
+                        "--sim-option ego_speed=[0,15] --sim-option yaw_rate_dps=[-15,15] "
+                        "--sim-option sensor_height=[1.0,2.2] --sim-option clutter=1.5 " + STAGE12_DATA[name])
     assert _recipe_fields(ours) == _recipe_fields(want)
 
 
@@ -175,31 +183,34 @@ def test_stage10_is_the_command_that_made_the_shipped_weights(tmp_path):
     assert [p.dataset for p in stage.train] == ["S1", "S2", "S3", "S4"] and all(p.frames is None for p in stage.train)
 
 
-# stage 11 (2026-12-03): the commands of the shipped run (docs/training.md, "Real labelled scans in training"); the
+# stage 12 (2026-12-05): the commands of the shipped runs (docs/training.md, "Real labelled scans in training"); the
 # same commands with --real-sources kitti / av2 made models/cv/lite.trained-on-*.safetensors
-STAGE11_TRAIN = {
-    "stage11-real": "--stage detector --train-frames 1000 --val-frames 100 --steps 1000 --val-every 500 --lr 5e-4 "
-                    "--seed 611 --real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 --fov-crop 0.3",
+_REAL = "--real ../shared/data/real_dev --real-sources kitti,av2 --real-share 0.35 --fov-crop 0.3"
+STAGE12_TRAIN = {
+    "stage12-trucks": ("--stage detector --train-frames 1000 --val-frames 100 --steps 2000 --val-every 500 --lr 5e-4 "
+                       "--seed 711 " + _REAL, "stage10-refine", ["R2"]),
+    "stage12-trucks2": ("--stage detector --train-frames 1500 --val-frames 200 --steps 1500 --val-every 500 --lr 3e-4 "
+                        "--seed 712 " + _REAL, "stage12-trucks", ["R2", "T1"]),
 }
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE11_TRAIN))
-def test_stage11_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+@pytest.mark.parametrize("stage", sorted(STAGE12_TRAIN))
+def test_stage12_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
     r = load_recipe(RECIPE)
     ours = recipe_mod.stage_options(r, r.stage(stage), tmp_path, None, Runtime())
-    want = _cli_options(STAGE11_TRAIN[stage])
-    mine, theirs = _recipe_fields(ours), _recipe_fields(want)
+    flags, init, train = STAGE12_TRAIN[stage]
+    mine, theirs = _recipe_fields(ours), _recipe_fields(_cli_options(flags))
     assert Path(mine["real"].pop("root")).resolve() == (REPO.parent / "shared" / "data" / "real_dev").resolve()
     theirs["real"].pop("root")
     mine.pop("select"), theirs.pop("select")  # the runs kept every checkpoint and the last was taken (select: last)
     assert mine == theirs
-    assert not ours.model_config().use_intensity  # the inference config, as `--model lite` trained it
-    assert r.stage(stage).init == "stage10-refine"
-    assert [p.dataset for p in r.stage(stage).train] == ["R1"]
+    cfg = ours.model_config()
+    assert not cfg.use_intensity and cfg.classes == ("car", "pedestrian", "cyclist", "truck", "bus")
+    assert r.stage(stage).init == init and [p.dataset for p in r.stage(stage).train] == train
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
-    """models/lite.safetensors holds the stage-11 run's own arguments: the recipe's last stage must match them."""
+    """models/lite.safetensors holds the last (stage-12) run's own arguments: the recipe's last stage must match them."""
     r = load_recipe(RECIPE)
     shipped = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
     last = r.stages[-1]
@@ -299,13 +310,13 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     dst.write_bytes(src.read_bytes())
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
-    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == ["stage10-refine", "stage11-real", "stage9",
-                                                                        "stage9-refine"]
+    assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
+        "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
     assert args["init"] == str(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine"))) and args["stage"] == "refine"
-    # stage 11 trained on the real scans of both folds, and its weights say so (eval --cross-validate reads it)
+    # stage 12 trained on the real scans of both folds, and its weights say so (eval --cross-validate reads it)
     assert _meta(final)["real_sources"] == "av2,kitti"
     assert json.loads(_meta(final)["train_args"])["real"]["sources"] == ["kitti", "av2"]
 

@@ -178,9 +178,10 @@ def test_refine_candidates_rescoring():
 def test_refine_config_section():
     plain = ModelConfig.from_dict(_cfg_dict(), source="t")
     assert plain.refine is None and "refine" not in plain.architecture()
-    cfg = ModelConfig.from_dict(_cfg_dict({"rois": 24, "score_alpha": {"car": 0.5, "pedestrian": 1.0, "cyclist": 0.75}}),
+    cfg = ModelConfig.from_dict(_cfg_dict({"rois": 24, "score_alpha": {"car": 0.5, "pedestrian": 1.0, "cyclist": 0.75,
+                                                                  "truck": 0.25, "bus": 0.0}}),
                                 source="t")
-    assert cfg.refine.rois == 24 and cfg.refine.score_alpha == (0.5, 1.0, 0.75) and cfg.refine.points == 64
+    assert cfg.refine.rois == 24 and cfg.refine.score_alpha == (0.5, 1.0, 0.75, 0.25, 0.0) and cfg.refine.points == 64
     assert cfg.refine.passes == 1 and ModelConfig.from_dict(_cfg_dict({"passes": 2}), source="t").refine.passes == 2
     assert cfg.architecture()["refine"] == {"points": 64, "margin": 0.5, "point_channels": [32, 64, 128], "hidden": [128, 64]}
     # run-time knobs do not change the architecture; the sampling does
@@ -260,8 +261,8 @@ def test_warm_start_adds_visibility_inputs_as_zeros(tmp_path):
     assert warm_start(net_new, new, tmp_path / "old.safetensors") == ["refiner.head.0.weight"]
     pts = _points()
     scores, labels = torch.tensor([0.9, 0.6, 0.4]), torch.tensor([0, 1, 0])
-    a = refine_candidates(net_old.refiner, old.refine, 3, pts, scores, labels, BOXES, 255.0, passes=2)
-    b = refine_candidates(net_new.refiner, new.refine, 3, pts, scores, labels, BOXES, 255.0, passes=2)
+    a = refine_candidates(net_old.refiner, old.refine, old.num_classes, pts, scores, labels, BOXES, 255.0, passes=2)
+    b = refine_candidates(net_new.refiner, new.refine, new.num_classes, pts, scores, labels, BOXES, 255.0, passes=2)
     assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[2], b[2], atol=1e-5)
     assert not torch.equal(a[2], BOXES)  # the boxes did move
     with pytest.raises(WeightsError):  # and not the other way round
@@ -406,3 +407,38 @@ def test_gathering_is_capped_for_a_pile_of_points_on_one_box(monkeypatch):
     assert seen == [256]
     ref_f, ref_v = _reference_features(pile, box, 16, 0.5, 255.0)  # uncapped: the same 16 points
     assert torch.equal(valid, ref_v) and torch.allclose(feats, ref_f, atol=1e-4)
+
+
+def test_warm_start_grows_classes_keeping_the_old_ones(tmp_path):
+    """Weights of a three-class network initialise the five-class one (truck, bus appended): the old classes'
+    heatmaps, boxes and refined scores come out the same; the new classes' rows start fresh and their refiner
+    class inputs at 0. Classes that are not appended (renamed, reordered) are refused."""
+    three = ModelConfig.from_dict({**_cfg_dict({"points": 16, "point_channels": [8, 16], "hidden": [16]}),
+                                   "classes": ["car", "pedestrian", "cyclist"]}, source="t")
+    five = ModelConfig.from_dict(_cfg_dict({"points": 16, "point_channels": [8, 16], "hidden": [16]}), source="t")
+    assert three.num_classes == 3 and five.classes == ("car", "pedestrian", "cyclist", "truck", "bus")
+    assert three.score_thresholds == five.score_thresholds[:3]  # lite.yaml's truck / bus entries are ignored
+    torch.manual_seed(0)
+    old = build_model(three).eval()
+    with torch.no_grad():
+        old.refiner.residual.weight.normal_(0, 0.1)
+    save_weights(old, three, tmp_path / "three.safetensors")
+    new = build_model(five).eval()
+    grown = warm_start(new, five, tmp_path / "three.safetensors")
+    assert sorted(grown) == ["head.heatmap.bias", "head.heatmap.weight", "refiner.head.0.weight"]
+    x = torch.rand(1, len(three.grid.channel_names), three.grid.height, three.grid.width)
+    with torch.no_grad():
+        a, b = old(x), new(x)
+    assert torch.equal(a["heatmap"], b["heatmap"][:, :3]) and b["heatmap"].shape[1] == 5
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "heatmap")
+    w = new.refiner.head[0].weight
+    start = five.refine.point_channels[-1] + 3
+    assert torch.count_nonzero(w[:, start:start + 2]) == 0  # truck / bus one-hot inputs
+    scores, labels = torch.tensor([0.9, 0.6, 0.4]), torch.tensor([0, 1, 2])
+    ra = refine_candidates(old.refiner, three.refine, 3, _points(), scores, labels, BOXES, 255.0, passes=2)
+    rb = refine_candidates(new.refiner, five.refine, 5, _points(), scores, labels, BOXES, 255.0, passes=2)
+    assert torch.allclose(ra[0], rb[0], atol=1e-6) and torch.allclose(ra[2], rb[2], atol=1e-5)
+    other = ModelConfig.from_dict({**_cfg_dict({"points": 16, "point_channels": [8, 16], "hidden": [16]}),
+                                   "classes": ["car", "cyclist", "pedestrian", "truck", "bus"]}, source="t")
+    with pytest.raises(WeightsError, match="classes"):
+        warm_start(build_model(other), other, tmp_path / "three.safetensors")

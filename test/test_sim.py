@@ -9,7 +9,7 @@ import pytest
 
 from livox_infer.errors import ConfigError
 from livox_infer.sim import SENSORS, dirs_to_angles, make_scene, simulate_drive, simulate_frame
-from livox_infer.sim.scene import CAR, CYCLIST, PEDESTRIAN
+from livox_infer.sim.scene import BUS, CAR, CYCLIST, PEDESTRIAN, TRUCK
 
 
 def _inside(points: np.ndarray, box: np.ndarray, tol: float) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_boxes_contain_their_points(mode):
     for seed in range(3):
         f = simulate_frame("avia", seed=seed, scene=mode)
         assert f.boxes.shape == (len(f.labels), 7) and f.boxes.dtype == np.float32
-        assert f.labels.dtype == np.int64 and set(np.unique(f.labels)) <= {0, 1, 2}
+        assert f.labels.dtype == np.int64 and set(np.unique(f.labels)) <= {0, 1, 2, 3, 4}
         assert len(f.num_points) == len(f.boxes)
         assert np.all(np.abs(f.boxes[:, 6]) <= np.pi)
         counted = np.bincount(f.instance[f.instance >= 0], minlength=len(f.boxes))
@@ -92,11 +92,21 @@ def test_boxes_contain_their_points(mode):
 
 
 def test_box_sizes_are_kitti_like():
-    dims = {CAR: [], PEDESTRIAN: [], CYCLIST: []}
+    dims = {CAR: [], PEDESTRIAN: [], CYCLIST: [], TRUCK: [], BUS: []}
     for seed in range(6):
         f = simulate_frame("mid40", seed=seed, scene="open", pitch_deg=0, roll_deg=0)
         for label, box in zip(f.labels, f.boxes):
             dims[int(label)].append(box[3:6])
+    for seed in range(12):  # trucks and buses stand at the kerb and drive in the lanes of streets
+        f = simulate_frame("avia", seed=seed, scene="street", pitch_deg=0, roll_deg=0)
+        for label, box in zip(f.labels, f.boxes):
+            if label in (TRUCK, BUS):
+                dims[int(label)].append(box[3:6])
+    truck, bus = (np.array(dims[k]) for k in (TRUCK, BUS))
+    assert len(truck) >= 2 and len(bus) >= 2
+    assert np.all((truck[:, 0] > 6.5) & (truck[:, 0] < 9.8) & (truck[:, 2] > 3.0) & (truck[:, 2] < 3.9))
+    assert np.all((bus[:, 0] > 10.0) & (bus[:, 0] < 12.8) & (bus[:, 2] > 2.9) & (bus[:, 2] < 3.4))
+    assert np.all((np.r_[truck[:, 1], bus[:, 1]] > 2.3) & (np.r_[truck[:, 1], bus[:, 1]] < 2.9))
     car, ped, cyc = (np.median(np.array(dims[k]), 0) for k in (CAR, PEDESTRIAN, CYCLIST))
     assert 3.5 < car[0] < 4.5 and 1.55 < car[1] < 1.95 and 1.35 < car[2] < 1.75
     assert 0.3 < ped[0] < 1.0 and 0.45 < ped[1] < 0.8 and 1.45 < ped[2] < 1.95
@@ -377,7 +387,7 @@ def _scan_smear_tolerance(f, k: int, ego_speed: float) -> float:
     return 0.5 * relative_speed * float(np.ptp(f.time[own])) + 0.1
 
 
-@pytest.mark.parametrize("seed,speed", [(7, 8.0), (11, 12.0)])
+@pytest.mark.parametrize("seed,speed", [(6, 8.0), (11, 12.0)])  # seed 7 (before trucks had labels) now has a truck ahead hiding the rest
 def test_raw_drive_boxes_hold_their_returns(seed, speed):
     """Raw (not deskewed) frames of a moving ego, with moving traffic: every well-observed object's
     returns lie in its box up to the physical smear of its scan; a lead car keeping the ego's speed has

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 
 Knots = tuple[tuple[float, float], ...]
@@ -22,7 +23,8 @@ def parse_calibration(value: Any, classes: Sequence[str], source: str = "") -> t
     """The config's ``score_calibration`` mapping -> one knot tuple (or None) per class; None when absent."""
     if value is None:
         return None
-    if not isinstance(value, dict) or set(value) - set(classes):
+    # entries for known classes the model does not have are ignored (a three-class config on a five-class base)
+    if not isinstance(value, dict) or set(value) - set(classes) - set(CLASS_NAMES):
         raise ConfigError(f"model config {source}: score_calibration must map classes {list(classes)} to "
                           f"[[raw, calibrated], ...], got keys {sorted(value) if isinstance(value, dict) else value!r}")
     out: list[Knots | None] = []

@@ -36,12 +36,13 @@ def _positive_ints(value: Any, name: str, minimum: int = 1) -> tuple[int, ...]:
 
 
 def _per_class(value: Any, classes: tuple[str, ...], name: str, lo: float, hi: float) -> tuple[float, ...]:
-    """A number (same for all classes) or a {class: number} mapping covering every class."""
+    """A number (same for all classes) or a {class: number} mapping covering every class. Entries for classes of
+    ``CLASS_NAMES`` the model does not have are ignored (a three-class config may inherit a five-class base)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         out = tuple(float(value) for _ in classes)
     elif isinstance(value, dict):
         missing = [c for c in classes if c not in value]
-        unknown = [k for k in value if k not in classes]
+        unknown = [k for k in value if k not in classes and k not in CLASS_NAMES]
         if missing or unknown:
             raise ConfigError(f"{name}: classes missing {missing}, unknown {unknown} (classes: {list(classes)})")
         try:

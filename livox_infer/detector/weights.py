@@ -201,7 +201,12 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
         theirs = json.loads(meta.get("architecture", "{}"))
     except json.JSONDecodeError as exc:
         raise WeightsError(f"{path}: unreadable architecture metadata") from exc
-    diff = _differing_keys(_core_architecture(cfg.architecture()), _core_architecture(theirs))
+    ours_core, theirs_core = _core_architecture(cfg.architecture()), _core_architecture(theirs)
+    old_classes = list(theirs.get("classes") or [])
+    new_classes = list(cfg.classes)
+    if len(old_classes) < len(new_classes) and new_classes[: len(old_classes)] == old_classes:
+        theirs_core["classes"] = new_classes  # classes appended (truck, bus): their outputs start fresh
+    diff = _differing_keys(ours_core, theirs_core)
     if diff:
         raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
     old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
@@ -230,8 +235,14 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
             new[:, channel_map] = v
         elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]
               and v.shape[1] < mine.shape[1]):
-            new = torch.zeros_like(mine, device=v.device)  # context inputs added at the end (visibility) start at 0
-            new[:, : v.shape[1]] = v
+            # new context inputs start at 0: classes appended to the one-hot class block (its first columns),
+            # visibility inputs at the end
+            new = torch.zeros_like(mine, device=v.device)
+            added_classes = len(new_classes) - len(old_classes)
+            start = cfg.refine.point_channels[-1] + len(old_classes)  # PointNet features come first
+            added_classes = added_classes if len(old_classes) < len(new_classes) else 0
+            new[:, :start] = v[:, :start]
+            new[:, start + added_classes: v.shape[1] + added_classes] = v[:, start:]
         elif v.dim() >= 1 and v.dim() == mine.dim() and v.shape[1:] == mine.shape[1:] and v.shape[0] < mine.shape[0]:
             new = mine.detach().clone().to(v.device)  # more outputs: the old ones first, the rest as initialised
             new[: v.shape[0]] = v

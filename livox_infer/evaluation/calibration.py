@@ -9,11 +9,11 @@ ignored object (a van for a car, too few points, outside the view) is neither an
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from livox_infer.evaluation.metrics import IOU_THRESHOLDS, FrameBoxes, assign_frame
+from livox_infer.evaluation.metrics import IOU_THRESHOLDS, FrameBoxes, assign_frame, in_region
 
 BIN_EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0001)
 KNOTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # raw scores the fitted table is given at
@@ -147,3 +147,21 @@ def best_f1_threshold(scores: np.ndarray, right: np.ndarray, num_gt: int, step: 
         if f1 > best["f1"] + 1e-9:
             best = {"threshold": round(float(t), 2), "f1": f1, "precision": prec, "recall": rec}
     return best
+
+
+def simulated_reliability(dets, gts, cfg, min_points: int, region, num_gt: dict[str, int]) -> dict[str, Any]:
+    """`livox-infer eval --sim-frames N --reliability`: the reliability table, each class's precision / recall at
+    the model's operating threshold and its best-F1 threshold, on held-out simulated frames (GT with fewer than
+    ``min_points`` points or outside ``region`` neutral). Where few real labels exist (trucks, buses) these are
+    the numbers an operating threshold can be chosen on."""
+    ignore = [(g.num_points < min_points) | ~in_region(g.boxes, region) for g in gts]
+    kept = [FrameBoxes(d.boxes[m], d.labels[m], d.scores[m]) for d in dets for m in [in_region(d.boxes, region)]]
+    res = outcomes(kept, gts, ignore, cfg.classes)
+    print(reliability_table(res, "== reliability on the simulated frames: score bin -> detections: share right =="))
+    ops = operating_points(res, dict(zip(cfg.classes, cfg.score_thresholds)), num_gt)
+    best = {c: best_f1_threshold(*res[c], num_gt.get(c, 0)) for c in cfg.classes}
+    for c, o in ops.items():
+        b = best[c]
+        print(f"{c:<11} threshold {o['threshold']:.2f}: precision {o['precision']:.2f}, recall {o['recall']:.2f}; "
+              f"best F1 at {b['threshold']:.2f} (precision {b['precision']:.2f}, recall {b['recall']:.2f})")
+    return {"bins": {c: reliability(*r) for c, r in res.items()}, "operating": ops, "best_f1": best}

@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         if args.real:
             from livox_infer.evaluation.real import main_real
 
-            return main_real(args, lambda weights=None: _pipeline(args, weights))
+            return main_real(args, lambda weights=None, model=None: _pipeline(args, weights, model))
         if args.sim_frames and args.sim_accumulate:
             from livox_infer.evaluation.accumulated import main_accumulated
 
@@ -180,17 +180,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
-def _pipeline(args: argparse.Namespace, weights: str | None = None):
+def _pipeline(args: argparse.Namespace, weights: str | None = None, model: str | None = None):
     """The detection pipeline the eval options describe: the --sensor preset's options (else the defaults), then
     every option given on the command line; the model, weights, how to run and the AP ranking threshold always
-    come from the command line."""
+    come from the command line (``weights`` / ``model``: other weights or another model, e.g. --paired-with)."""
     from livox_infer.pipeline import DetectionPipeline
     from livox_infer.presets import cli_pipeline_options
 
     given = dict(sensor_height=_sensor_height(args, None), test_time_flip=args.test_time_flip,
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
-    command_line = dict(model=args.model, weights=weights or args.weights, device=args.device, compile=args.compile,
+    command_line = dict(model=model or args.model, weights=weights or (None if model else args.weights), device=args.device, compile=args.compile,
                         aoti_package=None, score_thresholds=_score_thresholds(_default_score_threshold(args)))
     return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
                                                     defaults=dict(sensor_height="auto",
@@ -221,8 +221,9 @@ def _main_sim(args: argparse.Namespace) -> int:
 
         fns["baseline"] = base_fn
     sensors = sim_sensors(args)
+    collected: dict | None = {} if args.reliability else None
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
-                                 sim_options=sim_options, ranges=parse_ranges(args.ranges))
+                                 sim_options=sim_options, ranges=parse_ranges(args.ranges), collected=collected)
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
                            "seed": args.seed, "sensor_height": _sensor_height(args), "sim_options": sim_options,
                            "score_threshold": args.score_threshold,
@@ -231,6 +232,12 @@ def _main_sim(args: argparse.Namespace) -> int:
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))
         out[name] = {sensor: r.to_dict() for sensor, r in per.items()}
+    if collected:
+        from livox_infer.evaluation.calibration import simulated_reliability
+
+        dets, gts = collected[f"model {cfg.name}"]
+        out["reliability"] = simulated_reliability(dets, gts, cfg, args.min_points, region,
+                                                   res[f"model {cfg.name}"]["all"].num_gt)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
     return 0

@@ -7,7 +7,7 @@ detectable) and ground truth outside the evaluated region is *ignored*: it is no
 miss, and a detection matched to it is neither TP nor FP. Detections outside the region are dropped.
 AP = mean over recall r in {1/40, 2/40, ..., 1} of the best precision at recall >= r.
 
-Thresholds (IoU): car 0.7 / 0.5, pedestrian and cyclist 0.5 / 0.25 (strict / loose), each for BEV and 3D.
+Thresholds (IoU): car 0.7 / 0.5, pedestrian and cyclist 0.5 / 0.25 (strict / loose); truck and bus 0.7 / 0.5, as cars; each for BEV and 3D.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ R40 = np.linspace(1.0 / 40, 1.0, 40)
 DEFAULT_MIN_POINTS = 5
 
 
-IOU_THRESHOLDS = {"car": (0.7, 0.5), "pedestrian": (0.5, 0.25), "cyclist": (0.5, 0.25)}
+IOU_THRESHOLDS = {"car": (0.7, 0.5), "pedestrian": (0.5, 0.25), "cyclist": (0.5, 0.25), "truck": (0.7, 0.5),
+                  "bus": (0.7, 0.5)}
 
 
 @dataclass
@@ -116,9 +117,13 @@ class EvalResult:
     num_gt: dict[str, int] = field(default_factory=dict)  # relevant (non-ignored) GT per class
     num_ignored: dict[str, int] = field(default_factory=dict)
     num_frames: int = 0
+    # class -> {"bev@0.5": share of the relevant GT some detection (any score) matched, ...}: where GT is too scarce
+    # for an AP (real trucks and buses)
+    recall: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ap": self.ap, "num_gt": self.num_gt, "num_ignored": self.num_ignored, "num_frames": self.num_frames}
+        return {"ap": self.ap, "num_gt": self.num_gt, "num_ignored": self.num_ignored, "num_frames": self.num_frames,
+                "recall": self.recall}
 
     def table(self, title: str = "") -> str:
         cols = sorted({k for v in self.ap.values() for k in v}, key=lambda k: (k.split("@")[0] != "bev", k))
@@ -170,6 +175,7 @@ def evaluate(
     for ci, cls in enumerate(classes):
         thresholds = IOU_THRESHOLDS.get(cls, (0.5, 0.25))
         res.ap[cls] = {}
+        res.recall[cls] = {}
         for metric in metrics:
             for thr in thresholds:
                 all_scores, all_tp, n_gt, n_ign = [], [], 0, 0
@@ -191,6 +197,7 @@ def evaluate(
                 scores = np.concatenate(all_scores) if all_scores else np.zeros(0)
                 tps = np.concatenate(all_tp) if all_tp else np.zeros(0, bool)
                 res.ap[cls][f"{metric}@{thr:g}"] = average_precision_r40(scores, tps, n_gt)
+                res.recall[cls][f"{metric}@{thr:g}"] = float(tps.sum()) / n_gt if n_gt else math.nan
                 res.num_gt[cls] = n_gt
                 res.num_ignored[cls] = n_ign
     return res
@@ -266,13 +273,20 @@ def range_bins(edges: Sequence[float] | None) -> list[tuple[str, tuple[float, fl
 
 
 def summary_table(results: dict[str, EvalResult], title: str) -> str:
-    """One row per sensor: car BEV/3D AP@0.7, pedestrian and cyclist BEV/3D AP@0.5."""
+    """One row per sensor: car BEV/3D AP@0.7, pedestrian and cyclist BEV/3D AP@0.5, and truck and bus BEV AP@0.5
+    where the results have those classes."""
     cols = [("car", "bev@0.7"), ("car", "3d@0.7"), ("car", "bev@0.5"), ("pedestrian", "bev@0.5"),
             ("pedestrian", "3d@0.5"), ("cyclist", "bev@0.5"), ("cyclist", "3d@0.5")]
-    head = f"{'sensor':<13}" + "".join(f"{c[:3] + ' ' + k:>13}" for c, k in cols) + f"{'GT c/p/y':>14}"
+    classes = ["car", "pedestrian", "cyclist"]
+    for extra in ("truck", "bus"):
+        if any(extra in r.ap for r in results.values()):
+            cols.append((extra, "bev@0.5"))
+            classes.append(extra)
+    head = (f"{'sensor':<13}" + "".join(f"{c[:3] + ' ' + k:>13}" for c, k in cols)
+            + f"{'GT ' + '/'.join(c[0] if c != 'cyclist' else 'y' for c in classes):>16}")
     lines = [title, head]
     for sensor, r in results.items():
         vals = "".join(f"{r.ap.get(c, {}).get(k, float('nan')):>13.3f}" for c, k in cols)
-        gt = "/".join(str(r.num_gt.get(c, 0)) for c in ("car", "pedestrian", "cyclist"))
-        lines.append(f"{sensor:<13}{vals}{gt:>14}")
+        gt = "/".join(str(r.num_gt.get(c, 0)) for c in classes)
+        lines.append(f"{sensor:<13}{vals}{gt:>16}")
     return "\n".join(lines)

@@ -10,6 +10,9 @@ from livox_infer.errors import ConfigError
 from livox_infer.evaluation.metrics import range_bins
 
 
+RESERVED_SIM_KEYS = ("sensor", "seed", "frame_index", "scene")  # simulate_frame arguments the commands set
+
+
 def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
     """``["KEY=VALUE", ...]`` (VALUE in YAML: numbers, [lo, hi] ranges, true/false) -> dict."""
     import yaml
@@ -19,6 +22,9 @@ def parse_sim_options(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--sim-option must be KEY=VALUE, got {item!r}")
+        if key.strip() in RESERVED_SIM_KEYS:
+            raise ConfigError(f"--sim-option {key.strip()}: the command chooses it (held-out and training frames "
+                              "alternate street / open scenes and draw their own seeds; sensors: --sensors)")
         try:
             out[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:

@@ -12,12 +12,13 @@ lies inside the labelled region, so a 360-degree scan gives several views and a 
 In a view:
 - ground truth of our classes counts where its centre lies in the cone and it has >= ``min_points``
   points of the cropped scan inside; otherwise it is ignored (neither a miss nor a hit);
-- classes that are not ours but look like one of ours (van, truck, bus → car; person_sitting →
-  pedestrian; bicycle without rider, motorcycle → cyclist; see ``IGNORE_AS``) are ignored boxes of
-  that class: a detection on them is neither TP nor FP; a detection of another class there is an FP;
+- classes that are not ours but look like one of ours (van, trailer, tram → car, and truck, bus → car for a
+  model without those classes; person_sitting → pedestrian; bicycle without rider, motorcycle → cyclist; see
+  ``IGNORE_AS``) are ignored boxes of that class: a detection on them is neither TP nor FP; a detection of
+  another class there is an FP;
 - detections whose centre lies outside the cone are dropped.
 AP is the same R40 BEV and 3D AP as for simulated data, per source (frame-name prefix: ``kitti``,
-``av2``...) and pooled over all views.
+``av2``...) and pooled over all views; trucks and buses, few in real labels, also as recall (`real_table`).
 """
 
 from __future__ import annotations
@@ -271,14 +272,26 @@ REAL_COLUMNS = (("car", "bev@0.5"), ("car", "bev@0.7"), ("car", "3d@0.7"), ("ped
                 ("pedestrian", "bev@0.5"), ("pedestrian", "3d@0.5"), ("cyclist", "bev@0.25"), ("cyclist", "bev@0.5"))
 
 
+LARGE_CLASSES = ("truck", "bus")  # few real labels: reported as recall beside AP
+
+
 def real_table(results: dict[str, EvalResult], title: str) -> str:
-    """One row per source (and pooled): the sim-to-real headline columns and the relevant GT counts."""
+    """One row per source (and pooled): the sim-to-real headline columns and the relevant GT counts; for trucks and
+    buses (when the model has them) a second block: GT, recall of any detection at BEV IoU 0.5 and BEV AP@0.5."""
     head = f"{'source':<8}{'views':>6}" + "".join(f"{c[:3] + ' ' + k:>14}" for c, k in REAL_COLUMNS) + f"{'GT c/p/y':>11}"
     lines = [title, head, "-" * len(head)]
     for src, r in results.items():
         vals = "".join(f"{r.ap.get(c, {}).get(k, float('nan')):>14.3f}" for c, k in REAL_COLUMNS)
         gt = "/".join(str(r.num_gt.get(c, 0)) for c in ("car", "pedestrian", "cyclist"))
         lines.append(f"{src:<8}{r.num_frames:>6}{vals}{gt:>11}")
+    large = [c for c in LARGE_CLASSES if any(c in r.ap for r in results.values())]
+    if large:
+        head = f"{'source':<8}" + "".join(f"{c + ' GT':>10}{c + ' recall@0.5':>18}{c + ' bev@0.5':>15}" for c in large)
+        lines += [head, "-" * len(head)]
+        for src, r in results.items():
+            lines.append(f"{src:<8}" + "".join(
+                f"{r.num_gt.get(c, 0):>10}{r.recall.get(c, {}).get('bev@0.5', float('nan')):>18.3f}"
+                f"{r.ap.get(c, {}).get('bev@0.5', float('nan')):>15.3f}" for c in large))
     return "\n".join(lines)
 
 
@@ -316,9 +329,10 @@ def add_arguments(p) -> None:
     g.add_argument("--fit-calibration", metavar="OUT.yaml", default=None,
                    help="fit the score_calibration (Platt, per class) on these detections (use with "
                         "--cross-validate) and write it as a model-config snippet")
-    g.add_argument("--paired-with", metavar="WEIGHTS", default=None,
-                   help="with --bootstrap: also score WEIGHTS (which must not have seen these frames) and print the "
-                        "interval of the AP difference over the same scene resamples")
+    g.add_argument("--paired-with", metavar="WEIGHTS|MODEL", default=None,
+                   help="with --bootstrap: also score WEIGHTS (a file for this model) or MODEL (a model name, e.g. "
+                        "lite-sim), which must not have seen these frames, and print the interval of the AP difference "
+                        "over the same scene resamples")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
@@ -423,9 +437,12 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
         print(interval_table(intervals, args.bootstrap, BOOTSTRAP_LEVEL))
         if getattr(args, "paired_with", None):
-            if set(seen_sources(args.paired_with)) & {v.source for v in views}:
+            # a weights file of this model, or another model by name (lite-sim: three classes, its own thresholds)
+            other = not Path(args.paired_with).is_file()
+            base_pipe = make_pipeline(model=args.paired_with) if other else make_pipeline(args.paired_with)
+            if set(seen_sources(base_pipe.weights_file)) & {v.source for v in views}:
                 raise ConfigError(f"--paired-with {args.paired_with}: these weights were trained on frames scored here")
-            base = detect_views(views, scan_detector(make_pipeline(args.paired_with)))
+            base = detect_views(views, scan_detector(base_pipe))
             diff = paired_bootstrap(views, dets, base, cfg.classes, args.bootstrap, fov=args.fov,
                                     max_range=args.max_range)
             print(interval_table(diff, args.bootstrap, BOOTSTRAP_LEVEL,

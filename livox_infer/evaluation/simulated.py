@@ -37,9 +37,11 @@ def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, see
                            classes: Sequence[str] = CLASS_NAMES, min_points: int = DEFAULT_MIN_POINTS,
                            region=None, metrics=("bev", "3d"),
                            sim_options: dict | None = None,
-                           ranges: Sequence[float] | None = None) -> dict[str, dict[str, EvalResult]]:
+                           ranges: Sequence[float] | None = None,
+                           collected: dict | None = None) -> dict[str, dict[str, EvalResult]]:
     """AP per sensor (and "all" pooled) for each named detector ``fn(points) -> (boxes, labels, scores)``;
-    with ``ranges`` (bin edges in metres) also the pooled AP per range bin, keyed "all <lo>-<hi> m"."""
+    with ``ranges`` (bin edges in metres) also the pooled AP per range bin, keyed "all <lo>-<hi> m".
+    ``collected`` (a dict) receives each detector's pooled (detections, ground truth) frame lists."""
     dets: dict[str, dict[str, list[FrameBoxes]]] = {name: {} for name in detect_fns}
     gts: dict[str, list[FrameBoxes]] = {}
     for sensor in sensors:
@@ -47,6 +49,9 @@ def evaluate_on_simulation(detect_fns: dict, sensors: Sequence[str], n: int, see
         gts[sensor] = [g for _, g in frames]
         for name, fn in detect_fns.items():
             dets[name][sensor] = [FrameBoxes(*fn(pts)) for pts, _ in frames]
+    if collected is not None:
+        for name in detect_fns:
+            collected[name] = ([d for s in sensors for d in dets[name][s]], [g for s in sensors for g in gts[s]])
     return {name: evaluate_by_sensor(dets[name], gts, classes, min_points, region, metrics, ranges)
             for name in detect_fns}
 

@@ -1,4 +1,4 @@
-"""Procedural street / open scenes with labelled cars, pedestrians and cyclists.
+"""Procedural street / open scenes with labelled cars, pedestrians, cyclists, trucks and buses.
 
 World frame: z up, the ego sensor starts above (0, ego_y) looking along +x; roads run along x.
 Labelled objects are kept as parts in their own frame (origin on the ground under the footprint
@@ -18,8 +18,8 @@ from livox_infer.sim.geometry import (
 )
 from livox_infer.sim.lookalikes import add_lookalikes
 
-CAR, PEDESTRIAN, CYCLIST = 0, 1, 2
-assert CLASS_NAMES[CAR] == "car" and CLASS_NAMES[PEDESTRIAN] == "pedestrian" and CLASS_NAMES[CYCLIST] == "cyclist"
+CAR, PEDESTRIAN, CYCLIST, TRUCK, BUS = 0, 1, 2, 3, 4
+assert CLASS_NAMES == ("car", "pedestrian", "cyclist", "truck", "bus")
 
 SCENE_MODES = ("street", "open")
 # Annotation slack, m per side along length and width: human-labelled boxes leave a gap between the box and the
@@ -28,7 +28,7 @@ SCENE_MODES = ("street", "open")
 # the returns. A detector trained on tight boxes places real boxes ~0.2 m too far from the sensor (docs/simulator.md).
 # Labels are the parts' tight extent plus this slack; car bodies are built this much smaller, so label sizes keep
 # the statistics the body sampling was made for.
-LABEL_MARGIN = {"car": 0.07, "pedestrian": 0.0, "cyclist": 0.0}
+LABEL_MARGIN = {"car": 0.07, "pedestrian": 0.0, "cyclist": 0.0, "truck": 0.1, "bus": 0.1}
 
 
 @dataclass
@@ -321,11 +321,6 @@ def build_cyclist(rng: np.random.Generator, rider: bool = True) -> Primitives:
     return b.build()
 
 
-BUILDERS = {CAR: build_car, PEDESTRIAN: build_pedestrian, CYCLIST: build_cyclist}
-# upper bounds of the footprint radius each builder can produce (m), for cheap placement checks
-MAX_RADIUS = {CAR: 3.0, PEDESTRIAN: 0.75, CYCLIST: 1.15}
-
-
 def parts_extent(parts: Primitives, axes: np.ndarray) -> np.ndarray:
     """Half extent of every part along unit vectors ``axes`` (3,K) -> (P,K); exact per shape."""
     proj = np.einsum("pij,ik->pjk", parts.rot, axes) * parts.half[:, :, None]  # (P,3 local,K)
@@ -406,42 +401,52 @@ def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
         b.add(BOX, (x, y + toward_road * arm / 2, z0 + h), (0.08, arm / 2, 0.05), reflect=0.3)
 
 
-def _add_large_vehicle(b: PrimitiveBuilder, rng, x, y, z0, yaw) -> float:
-    """An unlabelled truck or bus (not a KITTI 'car'): cab + cargo box or a long body, big wheels.
-    Teaches the detector that large vehicles are not cars. Returns the footprint radius."""
-    R = rot_z(yaw)
-    c, s_ = np.cos(yaw), np.sin(yaw)
-
-    def at(lx, ly, lz):
-        return (x + c * lx - s_ * ly, y + s_ * lx + c * ly, z0 + lz)
-
+def build_large_vehicle(rng: np.random.Generator, kind: str | None = None) -> tuple[int, Primitives]:
+    """A truck (box truck: cab + cargo box) or a bus (one long body with a window band), big wheels; ``kind``
+    "truck" / "bus" or None (either, evenly). Returns (label, parts in the object frame). The random draws are
+    the ones the unlabelled large vehicles of earlier simulator versions made, so seeded scenes keep them."""
     wheel_r = float(rng.uniform(0.45, 0.55))
     w = float(rng.uniform(2.3, 2.55))
     paint = float(rng.uniform(0.1, 0.6))
-    if rng.random() < 0.5:  # box truck
+    u = rng.random()
+    truck = u < 0.5 if kind is None else kind == "truck"
+    b = PrimitiveBuilder()
+    if truck:
         length = float(rng.uniform(6.5, 9.5))
         cab = 2.2
         h = float(rng.uniform(3.0, 3.8))
-        b.add(BOX, at(length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), R, reflect=paint)
-        b.add(BOX, at(length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), R,
-              reflect=0.08, hit_prob=0.35)
+        b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
+        b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
+              hit_prob=0.35)
         cargo = length - cab - 0.2
-        b.add(BOX, at(-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
-              (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), R, reflect=float(rng.uniform(0.3, 0.7)))
+        b.add(BOX, (-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
+              (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), reflect=float(rng.uniform(0.3, 0.7)))
         axles = (length / 2 - 1.3, -length / 2 + 1.6)
-    else:  # bus
+    else:
         length = float(rng.uniform(10.0, 12.5))
         h = float(rng.uniform(2.9, 3.3))
-        b.add(BOX, at(0, 0, 0.35 + (h - 0.35) / 2), (length / 2, w / 2, (h - 0.35) / 2), R, reflect=paint)
+        b.add(BOX, (0, 0, 0.35 + (h - 0.35) / 2), (length / 2, w / 2, (h - 0.35) / 2), reflect=paint)
         for side in (-1, 1):  # window band
-            b.add(BOX, at(0, side * (w / 2 + 0.01), 1.9), (length / 2 - 0.8, 0.02, 0.5), R, reflect=0.08,
-                  hit_prob=0.4)
+            b.add(BOX, (0, side * (w / 2 + 0.01), 1.9), (length / 2 - 0.8, 0.02, 0.5), reflect=0.08, hit_prob=0.4)
         axles = (length / 2 - 2.5, -length / 2 + 3.0)
     for ax in axles:
         for side in (-1, 1):
-            b.add(CYLINDER, at(ax, side * (w / 2 - 0.25), wheel_r), (wheel_r, wheel_r, 0.15), R @ rot_x(np.pi / 2),
+            b.add(CYLINDER, (ax, side * (w / 2 - 0.25), wheel_r), (wheel_r, wheel_r, 0.15), rot_x(np.pi / 2),
                   reflect=0.05)
-    return float(np.hypot(length, w) / 2)
+    return (TRUCK if truck else BUS), b.build()
+
+
+def build_truck(rng: np.random.Generator) -> Primitives:
+    return build_large_vehicle(rng, "truck")[1]
+
+
+def build_bus(rng: np.random.Generator) -> Primitives:
+    return build_large_vehicle(rng, "bus")[1]
+
+
+BUILDERS = {CAR: build_car, PEDESTRIAN: build_pedestrian, CYCLIST: build_cyclist, TRUCK: build_truck, BUS: build_bus}
+# upper bounds of the footprint radius each builder can produce (m), for cheap placement checks
+MAX_RADIUS = {CAR: 3.0, PEDESTRIAN: 0.75, CYCLIST: 1.15, TRUCK: 5.1, BUS: 6.4}
 
 
 def _place_parts(b: PrimitiveBuilder, parts: Primitives, x: float, y: float, z0: float, yaw: float) -> None:
@@ -553,6 +558,28 @@ class _Placer:
         self._xyr[self._n] = (x, y, r)
         self._n += 1
 
+    @staticmethod
+    def _chain(x, y, yaw, length, width):
+        """Circles covering a long footprint (a bus is 12 m by 2.5 m: one circle would claim a 13 m disc)."""
+        r = width / 2 + 0.1
+        n = max(1, int(np.ceil(length / (2 * r))))
+        offsets = (np.arange(n) - (n - 1) / 2) * (length - 2 * r) / max(n - 1, 1)
+        return [(x + np.cos(yaw) * o, y + np.sin(yaw) * o, r) for o in offsets]
+
+    def free_long(self, x, y, yaw, length, width) -> bool:
+        return all(self.free(*c) for c in self._chain(x, y, yaw, length, width))
+
+    def take_long(self, x, y, yaw, length, width):
+        for c in self._chain(x, y, yaw, length, width):
+            self.take(*c)
+
+
+def _footprint(parts: Primitives) -> tuple[float, float]:
+    """(length, width) of an object's parts (object frame, x = heading)."""
+    ext = parts_extent(parts, np.eye(3))
+    lo, hi = (parts.center - ext).min(0), (parts.center + ext).max(0)
+    return float(hi[0] - lo[0]), float(hi[1] - lo[1])
+
 
 def _object_radius(parts: Primitives) -> float:
     ext = parts_extent(parts, np.eye(3))
@@ -564,7 +591,7 @@ def _object_radius(parts: Primitives) -> float:
 def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None, n_pedestrians: int | None = None,
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
                moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0,
-               ped_groups: float = 0.0) -> Scene:
+               ped_groups: float = 0.0, large_vehicles: float = 1.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -576,6 +603,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     ``lookalikes``: density of person-sized non-pedestrians (sim/lookalikes.py; 0 = none, the original scenes).
     ``ped_groups``: share of pedestrians walking with one or two companions side by side or just behind
     (0 = none, the original scenes): two people 0.6-0.9 m apart must stay two pedestrians, not one cyclist.
+    ``large_vehicles``: density of the trucks and buses driving in a street's lanes (1: 0-3 tried per 180 m of
+    road; 0: only the parked ones).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -583,6 +612,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         raise ConfigError(f"unknown scene mode {mode!r}; choose one of {SCENE_MODES}")
     if clutter < 0 or length <= 0 or lookalikes < 0:
         raise ConfigError("clutter and lookalikes must be >= 0 and length > 0")
+    if not 0.0 <= large_vehicles <= 10.0:
+        raise ConfigError(f"large_vehicles must be in [0, 10], got {large_vehicles!r}")
     if not 0.0 <= ped_groups <= 1.0:
         raise ConfigError(f"ped_groups is a share in [0, 1], got {ped_groups!r}")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
@@ -590,7 +621,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
             raise ConfigError(f"{name} must be >= 0")
     rng = np.random.default_rng([int(seed), 1])
     if mode == "street":
-        scn = _street(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, ego_speed, lookalikes)
+        scn = _street(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, ego_speed, lookalikes,
+                      large_vehicles)
     else:
         scn = _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, lookalikes)
     if ped_groups > 0:
@@ -629,7 +661,8 @@ def _add_companions(scn: Scene, rng: np.random.Generator, share: float) -> None:
             next_id += 1
 
 
-def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed, lookalikes=0.0) -> Scene:
+def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed, lookalikes=0.0,
+            large_vehicles=1.0) -> Scene:
     lanes_each = int(_pick(rng, (1, 2), (0.6, 0.4)))
     lane_w = 3.4
     park_w = 2.3 if rng.random() < 0.85 else 0.0
@@ -738,14 +771,36 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
 
     # keep the ego's own footprint free
     placer.take(0.0, ego_y, 3.0)
-    # a few parked trucks / buses (unlabelled)
+    # a few parked trucks / buses at the kerb
     for _ in range(int(rng.integers(0, 3))):
         side = _sign(rng)
         x = float(rng.uniform(x_lo + 15, x_hi))
         y = side * (road_half - 1.3)
-        if not in_cross(x) and placer.free(x, y, 6.5):
-            r = _add_large_vehicle(b, rng, x, y, float(ground.height(x, y)), 0.0 if side < 0 else np.pi)
-            placer.take(x, y, r)
+        yaw = 0.0 if side < 0 else np.pi
+        if not in_cross(x) and placer.free_long(x, y, yaw, 12.5, 2.55):
+            label, parts = build_large_vehicle(rng)
+            objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw, np.zeros(2),
+                                       oid))
+            placer.take_long(x, y, yaw, *_footprint(parts))
+            oid += 1
+    # trucks and buses in the lanes, from their own random stream (placed before the cars: placed after them,
+    # a 12 m vehicle rarely found a gap)
+    g = np.random.default_rng([int(seed), 17])
+    for _ in range(int(g.integers(0, 4) * scale * large_vehicles)):
+        lane, side = int(g.integers(0, lanes_each)), _sign(g)
+        y = side * (lane + 0.5) * lane_w + float(g.normal(0, 0.15))
+        x = float(g.uniform(x_lo + 12, x_hi))
+        yaw = (0.0 if side < 0 else np.pi) + float(g.normal(0, 0.02))
+        if not placer.free_long(x, y, yaw, 12.5, 2.55):
+            continue
+        speed = float(g.uniform(3, 12)) if moving else 0.0
+        if abs(y - ego_y) < lane_w / 2 and x > 0:
+            speed = float(ego_speed) if moving else 0.0  # same lane ahead: keeps its gap to the ego
+        label, parts = build_large_vehicle(g)
+        objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw,
+                                   speed * np.array([np.cos(yaw), np.sin(yaw)]), oid))
+        placer.take_long(x, y, yaw, *_footprint(parts))
+        oid += 1
     # parked cars
     target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30) * scale)
     n_parked = int(round(target_cars * (0.65 if park_w > 0 else 0.2)))
@@ -904,11 +959,14 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=
         add_lookalikes(b, np.random.default_rng([int(seed), 11]), int(15 * lookalikes), open_site, placer.free,
                        placer.take)
 
-    for _ in range(int(rng.integers(0, 3))):  # unlabelled trucks / buses
+    large = []  # trucks / buses standing about (labelled; listed after the other objects)
+    for _ in range(int(rng.integers(0, 3))):
         x, y = sample_xy(15, reach)
         if placer.free(x, y, 6.5):
-            r = _add_large_vehicle(b, rng, x, y, float(ground.height(x, y)), float(rng.uniform(-np.pi, np.pi)))
-            placer.take(x, y, r)
+            yaw = float(rng.uniform(-np.pi, np.pi))
+            label, parts = build_large_vehicle(rng)
+            large.append((label, parts, x, y, yaw))
+            placer.take_long(x, y, yaw, *_footprint(parts))
 
     counts = {
         CAR: n_cars if n_cars is not None else int(rng.integers(6, 20)),
@@ -939,4 +997,7 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=
             placer.take(x, y, r)
             oid += 1
             n -= 1
+    for label, parts, x, y, yaw in large:
+        objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw, np.zeros(2), oid))
+        oid += 1
     return Scene("open", int(seed), ground, b.build(), objects, 0.0, tilt, (-20.0, reach + 30))

@@ -34,13 +34,14 @@ import numpy as np
 # Per class: BEV association gate (m), acceleration noise (m/s^2), measurement noise (m), top speed (m/s, only for
 # the first association of a new track, whose velocity is unknown). Gates are run-time parameters
 # (livox_infer/params.py: tracking_gate_<class>); the rest are the filter's fixed model.
-DEFAULT_GATES: dict[str, float] = {"car": 2.5, "pedestrian": 1.2, "cyclist": 1.8}
-ACCEL_SIGMA: dict[str, float] = {"car": 2.0, "pedestrian": 2.0, "cyclist": 3.0}
-MEAS_SIGMA: dict[str, float] = {"car": 0.5, "pedestrian": 0.2, "cyclist": 0.25}
-TOP_SPEED: dict[str, float] = {"car": 35.0, "pedestrian": 4.0, "cyclist": 12.0}
+# Trucks and buses: longer boxes whose centre jumps more when only one end is seen, slower to change speed.
+DEFAULT_GATES: dict[str, float] = {"car": 2.5, "pedestrian": 1.2, "cyclist": 1.8, "truck": 3.5, "bus": 3.5}
+ACCEL_SIGMA: dict[str, float] = {"car": 2.0, "pedestrian": 2.0, "cyclist": 3.0, "truck": 1.5, "bus": 1.5}
+MEAS_SIGMA: dict[str, float] = {"car": 0.5, "pedestrian": 0.2, "cyclist": 0.25, "truck": 0.8, "bus": 0.8}
+TOP_SPEED: dict[str, float] = {"car": 35.0, "pedestrian": 4.0, "cyclist": 12.0, "truck": 30.0, "bus": 25.0}
 # prior std of a new track's velocity (m/s): most objects stand or move slowly; a wide prior made the second
 # detection's jitter (0.5 m in 0.1 s = 5 m/s) the velocity of a parked car, which then coasted away from it
-INIT_SPEED_SIGMA: dict[str, float] = {"car": 8.0, "pedestrian": 2.0, "cyclist": 6.0}
+INIT_SPEED_SIGMA: dict[str, float] = {"car": 8.0, "pedestrian": 2.0, "cyclist": 6.0, "truck": 8.0, "bus": 8.0}
 _FALLBACK = "car"  # a class the tables do not name takes the car's model
 MAX_GAP_S = 1.0
 

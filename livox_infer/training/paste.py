@@ -45,8 +45,8 @@ class PasteConfig:
     """Per class (index): how many objects to try to paste into a frame (uniform 0..max), minimum points
     for an object to enter the database and to survive occlusion; ``probability``: share of frames pasted into."""
 
-    max_per_frame: tuple[int, ...] = (2, 3, 4)
-    min_points: tuple[int, ...] = (30, 8, 10)
+    max_per_frame: tuple[int, ...] = (2, 3, 4, 1, 1)  # car, pedestrian, cyclist, truck, bus (CLASS_NAMES order)
+    min_points: tuple[int, ...] = (30, 8, 10, 40, 40)
     probability: float = 0.6
     max_objects_per_class: int = 6000
     extra: dict = field(default_factory=dict)

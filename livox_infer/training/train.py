@@ -343,9 +343,12 @@ def validate(net, cfg, frames, device, refine: bool = False) -> dict[str, Any]:
     return {"ap": res.ap, "num_gt": res.num_gt}
 
 
+VAL_METRIC = {"car": "bev@0.7"}  # per class, the AP model selection averages; the other classes' BEV AP@0.5
+
+
 def val_score(v: dict[str, Any]) -> float:
-    """Model selection: mean of car BEV AP@0.7 and pedestrian/cyclist BEV AP@0.5 (nan counts as 0)."""
-    vals = [v["ap"]["car"]["bev@0.7"], v["ap"]["pedestrian"]["bev@0.5"], v["ap"]["cyclist"]["bev@0.5"]]
+    """Model selection: mean over the classes of car BEV AP@0.7 and the others' BEV AP@0.5 (nan counts as 0)."""
+    vals = [ap[VAL_METRIC.get(c, "bev@0.5")] for c, ap in v["ap"].items()]
     return float(np.mean([0.0 if math.isnan(x) else x for x in vals]))
 
 
@@ -909,11 +912,10 @@ def train(opts: TrainOptions) -> TrainResult:
                     net.refiner.train()
                 score = val_score(v)
                 ap = v["ap"]
-                log.info(
-                    "step %d loss %s | val BEV AP car@0.7 %.3f ped@0.5 %.3f cyc@0.5 %.3f (GT %s) score %.3f",
-                    done, " ".join(f"{k} {x:.3f}" for k, x in ema.items()), ap["car"]["bev@0.7"],
-                    ap["pedestrian"]["bev@0.5"], ap["cyclist"]["bev@0.5"], v["num_gt"], score,
-                )
+                log.info("step %d loss %s | val BEV AP %s (GT %s) score %.3f", done,
+                         " ".join(f"{k} {x:.3f}" for k, x in ema.items()),
+                         " ".join(f"{c}@{VAL_METRIC.get(c, 'bev@0.5')[4:]} {a[VAL_METRIC.get(c, 'bev@0.5')]:.3f}"
+                                  for c, a in ap.items()), v["num_gt"], score)
                 history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
                 meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
                         "train_args": args_json, "real_sources": ",".join(real_sources)}
