@@ -80,3 +80,18 @@ def test_eval_sim_argument_errors(args, message, capsys):
     rc = cli_main(["eval", "--sim-frames", "1", "--sensors", "avia", "--no-compile", *args])
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+def test_eval_sim_reliability_reports_every_class_and_its_operating_point(tmp_path, capsys):
+    """--reliability on held-out simulated frames (how the truck / bus thresholds were chosen): the table, each
+    class's precision / recall at its threshold and best-F1 point, in the output and the JSON."""
+    out = tmp_path / "res.json"
+    rc = cli_main(["eval", "--sim-frames", "2", "--sensors", "avia", "--seed", "4", "--no-compile", "--reliability",
+                   "--sim-option", "large_vehicles=3", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "reliability on the simulated frames" in text and "tru bev@0.5" in text
+    rel = json.loads(out.read_text())["reliability"]
+    assert set(rel["best_f1"]) == {"car", "pedestrian", "cyclist", "truck", "bus"}
+    car = rel["operating"]["car"]
+    assert car["threshold"] == 0.55 and 0.0 <= car["precision"] <= 1.0 and 0.0 <= car["recall"] <= 1.0

@@ -195,3 +195,20 @@ def test_shipped_weights_run_on_a_larger_bev_extent():
         cfg.with_extent((0, 81, -51.2, 51.2))
     with pytest.raises(ConfigError, match="x_min < x_max"):
         cfg.with_extent((80, 0, -51.2, 51.2))
+
+
+def test_recall_and_the_truck_bus_block_of_the_real_table():
+    """EvalResult.recall: share of the relevant GT any detection matched; real_table prints trucks and buses (too
+    few real labels for an AP to mean much) as GT, recall and AP when the results have them."""
+    from livox_infer.evaluation.metrics import FrameBoxes, evaluate
+    from livox_infer.evaluation.real import real_table
+
+    gt = FrameBoxes(np.array([[10, 0, 1.5, 8, 2.5, 3.4, 0], [30, 5, 1.5, 11, 2.5, 3.1, 0]], np.float32),
+                    np.array([3, 3]), None, np.array([100, 100]))
+    det = FrameBoxes(np.array([[10.2, 0, 1.5, 8, 2.5, 3.4, 0]], np.float32), np.array([3]), np.array([0.4], np.float32))
+    res = evaluate([det], [gt], ("car", "pedestrian", "cyclist", "truck", "bus"))
+    assert res.recall["truck"]["bev@0.5"] == 0.5 and res.num_gt["truck"] == 2 and np.isnan(res.recall["bus"]["bev@0.5"])
+    text = real_table({"all": res}, "t")
+    assert "truck recall@0.5" in text and "bus GT" in text
+    three = evaluate([det], [gt], ("car", "pedestrian", "cyclist"))
+    assert "truck" not in real_table({"all": three}, "t")

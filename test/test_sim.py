@@ -483,3 +483,18 @@ def test_sensor_height_range_is_drawn_per_seed():
         simulate_frame("avia", seed=0, scene="open", sensor_height=[2.2, 1.4])
     with pytest.raises(ConfigError, match="unknown sensor"):
         simulate_frame("velodyne", seed=0)
+
+
+def test_large_vehicles_option_scales_the_trucks_and_buses_in_the_lanes():
+    """Scene option large_vehicles: 0 leaves only the parked trucks / buses, 3 tries three times the lane traffic;
+    the rest of a seeded scene's draws do not depend on it (its own random stream)."""
+    def large(scene):
+        return [o for o in scene.objects if o.label in (TRUCK, BUS)]
+
+    none = sum(len(large(make_scene(s, "street", large_vehicles=0))) for s in range(8))
+    many = sum(len(large(make_scene(s, "street", large_vehicles=3))) for s in range(8))
+    assert many > none + 4
+    for s in range(8):
+        assert all(np.all(o.velocity == 0) for o in large(make_scene(s, "street", large_vehicles=0)))
+    with pytest.raises(ConfigError, match="large_vehicles"):
+        make_scene(0, "street", large_vehicles=-1)
