@@ -297,7 +297,7 @@ def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     assert train_mod.main(args) == 0
     _, meta = _tensors(tmp_path / "best.safetensors")
     assert meta["trained"] == "yes" and int(meta["step"]) in (2, 4)
-    assert set(json.loads(meta["val_ap"])) == {"car", "pedestrian", "cyclist"}
+    assert set(json.loads(meta["val_ap"])) == {"car", "pedestrian", "cyclist", "truck", "bus"}
     hist = [json.loads(line) for line in (work / "history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist] == [2, 4]
     assert "corners" in hist[0]["loss"] and "bev@0.7" in hist[0]["val"]["ap"]["car"]
