@@ -2,6 +2,7 @@
 before test modules import the kernels: CI has no GPU and runs the Triton kernels in the interpreter."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # Tests must not talk to other ROS graphs on the machine.
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 os.environ.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
+
+# A suite started in the background of a non-interactive shell (`bash .ci/run &`) inherits SIGINT ignored, and every
+# node, launch and replay process the tests start and then Ctrl-C would inherit that too and never stop (five
+# Ctrl-C tests timed out that way). The tests send Ctrl-C on purpose: give it back its default meaning.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
