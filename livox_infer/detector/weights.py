@@ -203,9 +203,10 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
         raise WeightsError(f"{path}: unreadable architecture metadata") from exc
     ours_core, theirs_core = _core_architecture(cfg.architecture()), _core_architecture(theirs)
     old_classes = list(theirs.get("classes") or [])
-    new_classes = list(cfg.classes)
-    if len(old_classes) < len(new_classes) and new_classes[: len(old_classes)] == old_classes:
-        theirs_core["classes"] = new_classes  # classes appended (truck, bus): their outputs start fresh
+    added_classes = 0
+    if len(old_classes) < len(cfg.classes) and list(cfg.classes[: len(old_classes)]) == old_classes:
+        theirs_core["classes"] = list(cfg.classes)  # classes appended (truck, bus): their outputs start fresh
+        added_classes = len(cfg.classes) - len(old_classes)
     diff = _differing_keys(ours_core, theirs_core)
     if diff:
         raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
@@ -238,9 +239,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
             # new context inputs start at 0: classes appended to the one-hot class block (its first columns),
             # visibility inputs at the end
             new = torch.zeros_like(mine, device=v.device)
-            added_classes = len(new_classes) - len(old_classes)
             start = cfg.refine.point_channels[-1] + len(old_classes)  # PointNet features come first
-            added_classes = added_classes if len(old_classes) < len(new_classes) else 0
             new[:, :start] = v[:, :start]
             new[:, start + added_classes: v.shape[1] + added_classes] = v[:, start:]
         elif v.dim() >= 1 and v.dim() == mine.dim() and v.shape[1:] == mine.shape[1:] and v.shape[0] < mine.shape[0]:

@@ -190,8 +190,9 @@ def _pipeline(args: argparse.Namespace, weights: str | None = None, model: str |
     given = dict(sensor_height=_sensor_height(args, None), test_time_flip=args.test_time_flip,
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
-    command_line = dict(model=model or args.model, weights=weights or (None if model else args.weights), device=args.device, compile=args.compile,
-                        aoti_package=None, score_thresholds=_score_thresholds(_default_score_threshold(args)))
+    command_line = dict(model=model or args.model, weights=weights or (None if model else args.weights),
+                        device=args.device, compile=args.compile, aoti_package=None,
+                        score_thresholds=_score_thresholds(_default_score_threshold(args)))
     return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
                                                     defaults=dict(sensor_height="auto",
                                                                   test_time_flip=DEFAULTS["test_time_flip"],
