@@ -152,7 +152,8 @@ class Accumulator:
 
     ``add(cloud, pose=None)`` returns the accumulated cloud in the newest cloud's frame and stamp: older frames are
     moved by inv(pose_now) @ pose_then where both poses are known, stacked as they are otherwise. Point times are
-    re-based on the newest stamp (older points get negative times). With poses, each cloud is deskewed first.
+    re-based on the newest stamp (older points get negative times; a frame without point times gets its stamp's
+    offset for all of its points, so a stacked cloud always has times). With poses, each cloud is deskewed first.
     A cloud with the newest stamp again replaces that frame; an older stamp (a bag loop) starts over, and so does
     one more than ``max_gap_ns`` (1 s) newer than the last frame (a stalled stream: its old frames are stale even
     when ``window_ms`` is 0, no time limit)."""
@@ -209,8 +210,24 @@ class Accumulator:
                 else:
                     self.plain += 1
             points.append(pts)
-            times.append(None if f.cloud.time is None else f.cloud.time + (f.stamp_ns - stamp) * 1e-9)
+            # every stacked point gets a time relative to the newest stamp (a frame without point times: its
+            # stamp's), so a stacked cloud always says how old each point is (the detector's age input)
+            offset = (f.stamp_ns - stamp) * 1e-9
+            times.append(np.full(len(f.cloud), offset) if f.cloud.time is None else f.cloud.time + offset)
             tags.append(f.cloud.tag)
-        time = np.concatenate(times) if all(t is not None for t in times) else None
+        time = np.concatenate(times)
         tag = np.concatenate(tags) if all(t is not None for t in tags) else None
         return Cloud(np.ascontiguousarray(np.concatenate(points)), time, tag, stamp, cloud.frame_id)
+
+
+# A stacked point this much older than the newest stamp is from an earlier frame (a Livox frame lasts 100 ms;
+# the clouds of a rig, merged at one stamp, lie within a few ms of each other).
+EARLIER_FRAME_AGE_S = 0.05
+
+
+def point_ages(cloud: Cloud) -> np.ndarray | None:
+    """Seconds each point lies before the cloud's stamp (float32, >= 0; the newest frame's points, whose times run
+    forward from its stamp, are 0), or None when the cloud has no point times (a single frame without them)."""
+    if cloud.time is None:
+        return None
+    return np.maximum(-np.asarray(cloud.time, np.float64), 0.0).astype(np.float32)

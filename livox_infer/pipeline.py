@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from livox_infer.accumulate import EARLIER_FRAME_AGE_S, point_ages
 from livox_infer.cache import inductor_cache_dir
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.detector.boxes import axis_angle
@@ -439,6 +440,17 @@ class DetectionPipeline:
             return median_mount(list(self._mount_history))
         return Mount(DEFAULT_SENSOR_HEIGHT if sh == "auto" else float(sh))
 
+    def _refiner_points(self, levelled: torch.Tensor, ages: np.ndarray | None) -> torch.Tensor:
+        """What stage 2 sees: the newest frame's points of a stacked cloud (it was trained on single frames, and
+        older frames put moving objects where they were, not where the box goes), without the age column."""
+        if ages is not None and (ages >= EARLIER_FRAME_AGE_S).any():
+            levelled = levelled[torch.from_numpy(ages < EARLIER_FRAME_AGE_S).to(self.device)]  # (a copy)
+        elif self.grid.age_channel_s is not None:
+            levelled = levelled.clone()
+        if self.grid.age_channel_s is not None:
+            levelled[:, 3] = 0.0
+        return levelled
+
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
         t0 = time.perf_counter()
@@ -448,7 +460,10 @@ class DetectionPipeline:
         t_ground = time.perf_counter()
         # level + shift so the ground is at z ~ 0 (a copy: the caller's array is untouched)
         levelled = level_points(torch.from_numpy(cloud.points).to(self.device), mount)
-        if not self.cfg.use_intensity:  # the detector was trained not to rely on a sensor's intensity scale
+        ages = point_ages(cloud)
+        if self.grid.age_channel_s is not None:  # the fourth column carries the point age (stacked frames)
+            levelled[:, 3] = 0.0 if ages is None else torch.from_numpy(ages).to(self.device)
+        elif not self.cfg.use_intensity:  # the detector was trained not to rely on a sensor's intensity scale
             levelled[:, 3] = 0.0
         bev = self.voxelizer(levelled)
         self._input.copy_(bev[None])
@@ -459,7 +474,8 @@ class DetectionPipeline:
         t3 = time.perf_counter()
         p = self._params
         if self._stage2 is not None and p["refine"]:
-            scores, labels, boxes = self._stage2.refine(levelled, scores, labels, boxes, self.grid.intensity_scale)
+            scores, labels, boxes = self._stage2.refine(self._refiner_points(levelled, ages), scores, labels, boxes,
+                                                        self.grid.intensity_scale)
             self._sync()
         t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)

@@ -440,3 +440,41 @@ def test_the_cpu_path_does_not_import_triton():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# -- the point-age channel of stacked frames (grid.age_channel_s) ---------------------------------
+
+GRID_AGE = dataclasses.replace(GRID_XY, age_channel_s=0.5)
+
+
+def test_age_channel_is_the_clamped_mean_age_and_triton_equals_torch():
+    """With age_channel_s the fourth point column is an age in seconds: channel 4 ("age_mean") holds the cell's
+    mean of min(age / age_channel_s, 1), on the same fixed-point path as intensity (Triton == torch, bit for bit)."""
+    assert GRID_AGE.channel_names[4] == "age_mean" and GRID_AGE.shape == GRID_XY.shape
+    pts = torch.tensor([
+        [2.1, 1.1, 0.5, 0.0],  # newest frame
+        [2.2, 1.2, 0.6, 0.1],  # 100 ms old
+        [2.15, 1.05, 0.7, 0.2],
+        [5.1, -1.1, 0.5, 3.0],  # older than age_channel_s: clamps to 1
+    ])
+    out = voxelize_reference(pts, GRID_AGE)
+    assert out[4, 16, 8].item() == pytest.approx((0.0 + 0.2 + 0.4) / 3, abs=1e-4)
+    assert out[4, 7, 20].item() == pytest.approx(1.0, abs=1e-6)
+    cloud = random_cloud(5000, 7, GRID_AGE)
+    cloud[:, 3] = torch.rand(5000, generator=torch.Generator().manual_seed(3)) * 0.7
+    assert torch.equal(triton_voxelize(cloud, voxelizer=Voxelizer(GRID_AGE, "cpu", backend="triton")),
+                       voxelize_reference(cloud, GRID_AGE))
+    # the other channels do not depend on the fourth column
+    same = torch.ones(15, dtype=torch.bool)
+    same[4] = False
+    torch.testing.assert_close(voxelize_reference(cloud, GRID_AGE)[same], voxelize_reference(cloud, GRID_XY)[same],
+                               rtol=0, atol=0)
+
+
+def test_age_channel_config():
+    d = GRID_AGE.to_dict()
+    assert d["age_channel_s"] == 0.5 and GridConfig.from_dict(d) == GRID_AGE
+    assert "age_channel_s" not in GRID_XY.to_dict()  # absent when off: older grids keep their hash
+    for bad in (0.0, -1.0, math.inf, 11.0, True, "0.5"):
+        with pytest.raises(ConfigError, match="age_channel_s"):
+            GridConfig.from_dict(d | {"age_channel_s": bad})

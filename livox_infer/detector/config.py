@@ -239,6 +239,9 @@ class ModelConfig:
         use_intensity = d.get("use_intensity", True)
         if not isinstance(use_intensity, bool):
             raise ConfigError(f"model config {source}: use_intensity must be true or false, got {use_intensity!r}")
+        if grid.age_channel_s is not None and use_intensity:
+            raise ConfigError(f"model config {source}: grid.age_channel_s puts the point age where intensity goes: "
+                              "it needs use_intensity: false")
         overlap = float(hd.get("gaussian_overlap", 0.1))
         if not 0 < overlap < 1:
             raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")

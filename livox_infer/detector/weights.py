@@ -174,14 +174,15 @@ def _core_architecture(arch: dict) -> dict:
     """An architecture dict without what a warm start may add: the IoU head, residual blocks, the stage-2
     refiner and the sub-cell x/y input channels."""
     core = {k: v for k, v in arch.items() if k not in GROWABLE_KEYS}
-    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k != "xy_offsets"}
+    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k not in ("xy_offsets", "age_channel_s")}
     return core
 
 
 def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> list[str]:
     """Initialise ``model`` from weights of the same network, or of one with fewer residual blocks,
     without the IoU head, without the stage-2 refiner and/or without the sub-cell x/y input channels
-    (weights trained before these).
+    (weights trained before these), or with the intensity input where the new grid has the point-age input
+    (``grid.age_channel_s``; for weights of a model fed no intensity, whose intensity weights saw only zeros).
 
     New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
     convolution and new refiner context inputs (``refine.visibility``) get zero weights and new residual
@@ -212,7 +213,15 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
         raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
     old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
     new_channels = cfg.grid.channel_names
-    channel_map = [new_channels.index(name) for name in old_channels]  # old input channel -> new index
+    # old input channel -> new index; the intensity channel of a model fed no intensity (use_intensity: false)
+    # becomes the point-age channel of stacked frames (grid.age_channel_s): its weights start at 0 like a new input
+    age_swap = "intensity_mean" in old_channels and "age_mean" in new_channels
+    kept = [i for i, name in enumerate(old_channels) if not (age_swap and name == "intensity_mean")]
+    lost = [old_channels[i] for i in kept if old_channels[i] not in new_channels]
+    if lost:
+        raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: its input channels {lost} are not "
+                           "inputs of the new grid")
+    channel_map = [new_channels.index(old_channels[i]) for i in kept]
     raw = _read_state(path, map_location)
     state = upgrade_state_keys(raw)
     own = model.state_dict()
@@ -228,12 +237,14 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     grown = list(added)
     for k, v in state.items():
         mine = own[k]
-        if tuple(v.shape) == tuple(mine.shape):
+        first_conv = (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
+                      and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:] and k.startswith("backbone.stem."))
+        if tuple(v.shape) == tuple(mine.shape) and not (age_swap and first_conv):
             continue
         if (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
                 and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:]):
             new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
-            new[:, channel_map] = v
+            new[:, channel_map] = v[:, kept]
         elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]
               and v.shape[1] < mine.shape[1]):
             # new context inputs start at 0: classes appended to the one-hot class block (its first columns),

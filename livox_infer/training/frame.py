@@ -17,7 +17,18 @@ class Frame:
     sensor_height: float  # metres to the ground plane
     up: np.ndarray  # (3,) ground-plane normal in the sensor frame
     sensor: str
+    # (N,) f32 seconds each point lies before the newest frame of a stacked sample (training/stacked.py); None:
+    # a single frame (all 0)
+    age: np.ndarray | None = None
 
     @property
     def mount(self) -> Mount:
         return Mount(float(self.sensor_height), tuple(float(v) for v in self.up))
+
+
+def points_with_age(frame: Frame) -> np.ndarray:
+    """A copy of the frame's points with the fourth column replaced by the point ages (0 for a single frame): what
+    a model with ``grid.age_channel_s`` is fed where others get intensity."""
+    pts = frame.points.copy()
+    pts[:, 3] = 0.0 if frame.age is None else frame.age
+    return pts

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from livox_infer.ground import level_boxes, level_points
+from livox_infer.training.frame import points_with_age
 
 GROUND_CLEARANCE = 0.08  # m above the box bottom: ground returns (noise ~2 cm) are not cut with the object
 BOX_MARGIN = 0.1  # m added to l / w when cutting: returns on the outline still belong to the object
@@ -71,7 +72,10 @@ def box_point_mask(points: np.ndarray, box: np.ndarray, margin: float = 0.0, z_m
 class ObjectDatabase:
     """Objects cut from training frames, per sensor model and class."""
 
-    def __init__(self, frames, num_classes: int, cfg: PasteConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, frames, num_classes: int, cfg: PasteConfig | None = None, seed: int = 0,
+                 age_column: bool = False) -> None:
+        """``age_column``: cut the points with their ages in the fourth column (`points_with_age`), as a model
+        with ``grid.age_channel_s`` is trained."""
         self.cfg = cfg or PasteConfig()
         self.num_classes = num_classes
         self.objects: dict[str, list[list[CutObject]]] = {}
@@ -86,7 +90,7 @@ class ObjectDatabase:
                       if 0 <= f.labels[i] < num_classes and (f.labels[i] != 0 or take_cars)]
             if not wanted:
                 continue
-            pts = level_points(f.points, f.mount)
+            pts = level_points(points_with_age(f) if age_column else f.points, f.mount)
             boxes = level_boxes(f.boxes, f.mount)
             for i in wanted:
                 c = int(f.labels[i])

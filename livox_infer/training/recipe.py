@@ -32,7 +32,8 @@ from livox_infer.detector.config import ModelConfig, deep_merge, read_config_dic
 from livox_infer.errors import ConfigError
 from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.training.train import (
-    SELECTIONS, SENSOR_NAMES, SHARD_FRAMES, STAGES, TrainOptions, intensity_augment, refuse_models_dir, shard_path,
+    SELECTIONS, SENSOR_NAMES, SHARD_FRAMES, STAGES, TrainOptions, intensity_augment, parse_stack, refuse_models_dir,
+    shard_path,
     train,
 )
 
@@ -42,7 +43,7 @@ log = logging.getLogger("livox_infer.recipe")
 STAGE_OPTIONS = ("batch", "lr", "weight_decay", "val_every", "paste_probability", "neighbour_weight", "corner_weight",
                  "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop")
 STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", *STAGE_OPTIONS}
-DATASET_KEYS = {"seed", "train", "val", "sensors", "sim"}
+DATASET_KEYS = {"seed", "train", "val", "sensors", "sim", "stack"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class DatasetSpec:
     val: int
     sensors: tuple[str, ...] = SENSOR_NAMES
     sim: dict[str, Any] = field(default_factory=dict)
+    stack: tuple[int, int] | None = None  # samples of K (K..K2) stacked frames (`livox-infer train --stack`)
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,10 @@ def _parts(value: Any, where: str) -> tuple[Part, ...]:
 
 def _dataset(name: str, d: Any, where: str) -> DatasetSpec:
     if not isinstance(d, dict) or set(d) - DATASET_KEYS or not {"seed", "train", "val"} <= set(d):
-        raise ConfigError(f"{where}: a dataset needs seed, train, val (and optionally sensors, sim), got {d!r}")
+        raise ConfigError(f"{where}: a dataset needs seed, train, val (and optionally sensors, sim, stack), got {d!r}")
     sensors = d.get("sensors", list(SENSOR_NAMES))
     return DatasetSpec(name, int(d["seed"]), int(d["train"]), int(d["val"]), tuple(str(s) for s in sensors),
-                       dict(d.get("sim") or {}))
+                       dict(d.get("sim") or {}), parse_stack(d.get("stack")))
 
 
 def _stage(d: Any, defaults: dict[str, Any], where: str) -> StageSpec:
@@ -243,7 +245,7 @@ def stage_config(r: Recipe, stage: StageSpec) -> ModelConfig:
 
 def dataset_options(r: Recipe, d: DatasetSpec, out: Path, rt: Runtime) -> TrainOptions:
     return TrainOptions(config=base_config(r), work_dir=out / "data" / d.name, data_only=True, train_frames=d.train,
-                        val_frames=d.val, seed=d.seed, sensors=d.sensors, sim_options=dict(d.sim),
+                        val_frames=d.val, seed=d.seed, sensors=d.sensors, sim_options=dict(d.sim), stack=d.stack,
                         shard_frames=r.shard_frames, threads=rt.threads, write_models=rt.write_models)
 
 

@@ -22,6 +22,7 @@ import logging
 import math
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from livox_infer.detector.config import ModelConfig
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.options import parse_sim_options
 from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
-from livox_infer.training.frame import Frame
+from livox_infer.training.frame import Frame, points_with_age
 from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
@@ -84,11 +85,20 @@ def simulate_training_frame(sensor: str, seed: int, kind: str, **sim_options: An
                  est.height, np.asarray(est.up, np.float32), sensor)
 
 
-def _crop(points: np.ndarray, cfg: ModelConfig, margin: float = 8.0) -> np.ndarray:
+def _crop_mask(points: np.ndarray, cfg: ModelConfig, margin: float = 8.0) -> np.ndarray:
     g = cfg.grid
     m = (points[:, 0] > g.x_range[0] - margin) & (points[:, 0] < g.x_range[1] + margin)
     m &= (points[:, 1] > g.y_range[0] - margin) & (points[:, 1] < g.y_range[1] + margin)
-    return np.ascontiguousarray(points[m])
+    return m
+
+
+def _crop(points: np.ndarray, cfg: ModelConfig, margin: float = 8.0) -> np.ndarray:
+    return np.ascontiguousarray(points[_crop_mask(points, cfg, margin)])
+
+
+def stack_frames(stack: tuple[int, int], i: int) -> int:
+    """Frames stacked into sample i of a stacked dataset: stack[0] .. stack[1], in turn."""
+    return stack[0] + i % (stack[1] - stack[0] + 1)
 
 
 def shard_path(data_dir: Path, split: str, index: int) -> Path:
@@ -105,13 +115,21 @@ def frame_spec(split: str, i: int, seed: int, sensors: tuple[str, ...] = SENSOR_
 
 def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: ModelConfig,
                    sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES,
-                   shard_frames: int = SHARD_FRAMES) -> Path:
+                   shard_frames: int = SHARD_FRAMES, stack: tuple[int, int] | None = None) -> Path:
     frames = []
     for j in range(shard_frames):
         i = index * shard_frames + j
         sensor, sim_seed, kind = frame_spec(split, i, seed, sensors)
-        f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
-        f.points = _crop(f.points, cfg)
+        if stack is None:
+            f = simulate_training_frame(sensor, sim_seed, kind, **(sim_options or {}))
+        else:
+            from livox_infer.training.stacked import simulate_stacked_frame
+
+            f = simulate_stacked_frame(sensor, sim_seed, kind, stack_frames(stack, i), **(sim_options or {}))
+        keep = _crop_mask(f.points, cfg)
+        f.points = np.ascontiguousarray(f.points[keep])
+        if f.age is not None:
+            f.age = np.ascontiguousarray(f.age[keep])
         frames.append(f)
     counts = np.array([f.points.shape[0] for f in frames], np.int64)
     nbox = np.array([f.boxes.shape[0] for f in frames], np.int64)
@@ -127,6 +145,8 @@ def generate_shard(data_dir: Path, split: str, index: int, seed: int, cfg: Model
         sensor_height=np.array([f.sensor_height for f in frames], np.float32),
         up=np.array([f.up for f in frames], np.float32).reshape(-1, 3),
         sensor=np.array([f.sensor for f in frames]),
+        **({"age": np.concatenate([f.age for f in frames])} if frames and all(f.age is not None for f in frames)
+           else {}),
     )
     tmp.replace(out)
     return out
@@ -139,17 +159,19 @@ def load_shards(data_dir: Path, split: str, n_shards: int) -> list[Frame]:
         with np.load(p, allow_pickle=False) as z:
             pts, counts, boxes, labels, nbox = z["points"], z["counts"], z["boxes"], z["labels"], z["nbox"]
             hs, ups, sensors = z["sensor_height"], z["up"], z["sensor"]
+            age = z["age"] if "age" in z.files else None
         po = np.r_[0, np.cumsum(counts)]
         bo = np.r_[0, np.cumsum(nbox)]
         for j in range(len(counts)):
             frames.append(Frame(pts[po[j] : po[j + 1]], boxes[bo[j] : bo[j + 1]], labels[bo[j] : bo[j + 1]],
-                                float(hs[j]), ups[j], str(sensors[j])))
+                                float(hs[j]), ups[j], str(sensors[j]),
+                                None if age is None else age[po[j] : po[j + 1]]))
     return frames
 
 
 def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: ModelConfig,
                    sim_options: dict | None = None, sensors: tuple[str, ...] = SENSOR_NAMES,
-                   shard_frames: int = SHARD_FRAMES) -> list[Frame]:
+                   shard_frames: int = SHARD_FRAMES, stack: tuple[int, int] | None = None) -> list[Frame]:
     """The first ``n_frames`` frames of the split, simulating the shards that are missing. Frame i is the
     same scene whatever ``shard_frames`` is (its seed depends on i only), so a run with 1-frame shards
     (a scaled-down recipe) sees a prefix of the full data set."""
@@ -162,7 +184,7 @@ def ensure_dataset(data_dir: Path, split: str, n_frames: int, seed: int, cfg: Mo
     todo = [k for k in range(n_shards) if not shard_path(data_dir, split, k).is_file()]
     if todo:
         for k in tqdm(todo, desc=f"simulating {split} ({shard_frames} frames/shard)", unit="shard"):
-            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors, shard_frames)
+            generate_shard(data_dir, split, k, seed, cfg, sim_options, sensors, shard_frames, stack)
     return load_shards(data_dir, split, n_shards)[:n_frames]
 
 
@@ -202,10 +224,11 @@ def fov_crop(points: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
             intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment(),
-            fov_crop_share: float = 0.0):
+            fov_crop_share: float = 0.0, age_column: bool = False):
     """Augmented copy in the sensor frame: (points (N,4), boxes (M,7), labels, Mount the pipeline
     would use). The mount carries an error (tilt up to ~1 deg, height up to +-0.3 m) so the model
-    learns to tolerate an imperfect sensor_height or ground estimate."""
+    learns to tolerate an imperfect sensor_height or ground estimate. ``age_column``: the fourth column holds
+    point ages (`points_with_age`), which the intensity augmentation leaves alone."""
     pts = frame.points.copy()
     boxes = frame.boxes.astype(np.float64).copy()
     labels = frame.labels.copy()
@@ -228,7 +251,9 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     pts = sparsify(pts[keep], boxes, labels, rng, sparse)
     if fov_crop_share and rng.random() < fov_crop_share:
         pts = fov_crop(pts, rng)
-    if intensity.drop and rng.random() < intensity.drop:
+    if age_column:
+        pass
+    elif intensity.drop and rng.random() < intensity.drop:
         pts[:, 3] = 0.0
     elif rng.random() < 0.1:
         pts[:, 3] /= 255.0  # a 0..1-intensity driver read with the 0..255 setting
@@ -251,16 +276,20 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
             fov_crop_share: float = 0.0):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
 
-    With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given)."""
+    With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given). A model with
+    ``grid.age_channel_s`` gets the point ages in the fourth column (0 for single frames), as the pipeline feeds it."""
+    age_column = cfg.grid.age_channel_s is not None
+    if age_column:
+        frame = dataclasses.replace(frame, points=points_with_age(frame), age=None)
     if rng is None:
         pts, boxes, labels, mount = frame.points, frame.boxes, frame.labels, frame.mount
     else:
         if paste_db is not None:
             frame = paste_objects(frame, paste_db, rng)
         pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse,
-                                            fov_crop_share=fov_crop_share)
+                                            fov_crop_share=fov_crop_share, age_column=age_column)
     levelled = level_points(pts, mount)
-    if not cfg.use_intensity:  # as the pipeline feeds such a model
+    if not cfg.use_intensity and not age_column:  # as the pipeline feeds such a model
         levelled[:, 3] = 0.0
     boxes = level_boxes(boxes, mount)
     npts = points_in_boxes(levelled, boxes)
@@ -531,6 +560,7 @@ class TrainOptions:
     write_models: bool = False  # allow out / work_dir inside the package's models/ (the shipped weights)
     real: RealTrainingSpec | None = None  # real labelled scans mixed into the batches (cross-validation folds)
     fov_crop: float = 0.0  # share of training frames cropped to a random Livox-like forward cone
+    stack: tuple[int, int] | None = None  # newly simulated samples stack this many frames (min, max): --stack
 
     def model_config(self) -> ModelConfig:
         return self.config if isinstance(self.config, ModelConfig) else ModelConfig.load(self.config)
@@ -564,6 +594,12 @@ class TrainOptions:
             raise ConfigError("--fov-crop must be in [0, 1]")
         if self.real is not None:
             self.real.check()
+        if self.stack is not None:
+            from livox_infer.accumulate import MAX_FRAMES
+
+            lo, hi = self.stack
+            if not 1 <= lo <= hi <= MAX_FRAMES:
+                raise ConfigError(f"--stack needs 1 <= MIN <= MAX <= {MAX_FRAMES} frames, got {lo},{hi}")
 
     def to_json(self) -> str:
         """The options as recorded in the weights' metadata (train_args)."""
@@ -675,6 +711,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --real: expected share of each batch drawn from the real views (the rest simulated)")
     p.add_argument("--fov-crop", type=float, default=D.fov_crop, metavar="SHARE",
                    help="share of training frames cropped to a random Livox-like forward cone (±19-41 deg)")
+    p.add_argument("--stack", default=None, metavar="K[,K2]",
+                   help="newly simulated samples are K (K..K2, in turn) consecutive frames of a drive stacked with "
+                        "their poses as the node's accumulate_frames does, labelled with the last frame's boxes and "
+                        "carrying each point's age (training/stacked.py)")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
@@ -713,7 +753,23 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         real=None if not args.real else RealTrainingSpec(
             args.real, tuple(x.strip() for x in str(args.real_sources).split(",") if x.strip()), args.real_share),
         fov_crop=args.fov_crop,
+        stack=parse_stack(args.stack),
     )
+
+
+def parse_stack(value: Any) -> tuple[int, int] | None:
+    """--stack K or K,K2 (a recipe's ``stack: K`` or ``[K, K2]``) -> (min, max) frames, or None."""
+    if value is None:
+        return None
+    parts = [p for p in str(value).replace("[", "").replace("]", "").split(",") if p.strip()] \
+        if not isinstance(value, (list, tuple)) else list(value)
+    try:
+        nums = [int(p) for p in parts]
+    except (TypeError, ValueError):
+        nums = []
+    if len(nums) not in (1, 2):
+        raise ConfigError(f"--stack must be K or K,K2 frames, got {value!r}")
+    return (nums[0], nums[-1])
 
 
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0) -> SparsifyAugment:
@@ -798,9 +854,10 @@ def train(opts: TrainOptions) -> TrainResult:
     end = opts.stop_after or opts.steps
     t_start = time.time()
     train_frames = ensure_dataset(work / "data", "train", opts.train_frames, opts.seed, cfg, opts.sim_options,
-                                  opts.sensors, opts.shard_frames)
+                                  opts.sensors, opts.shard_frames, opts.stack)
+    # (validation scenes are simulated without the sim options, but stacked as the training ones)
     val_frames = ensure_dataset(work / "data", "val", opts.val_frames, opts.seed, cfg, sensors=opts.sensors,
-                                shard_frames=opts.shard_frames)
+                                shard_frames=opts.shard_frames, stack=opts.stack)
     log.info("dataset: %d train / %d val frames in %s (%.0f s)", len(train_frames), len(val_frames), work,
              time.time() - t_start)
     if opts.data_only:
@@ -854,7 +911,7 @@ def train(opts: TrainOptions) -> TrainResult:
     if opts.paste_probability > 0:
         t0 = time.time()
         paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=opts.paste_probability),
-                                  seed=opts.seed)
+                                  seed=opts.seed, age_column=cfg.grid.age_channel_s is not None)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0)
     stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,

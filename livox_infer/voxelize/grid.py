@@ -26,6 +26,11 @@ FIXED_CHANNEL_NAMES = ("log_count", "z_max", "z_min", "z_mean", "intensity_mean"
 XY_OFFSET_LEVELS = 256
 XY_OFFSET_CHANNEL_NAMES = ("x_offset_mean", "y_offset_mean")
 
+# With grid.age_channel_s the points' fourth column carries each point's age (seconds before the newest frame
+# of a stacked cloud) instead of intensity, and channel 4 is its cell mean, clamped at age_channel_s (1.0).
+AGE_CHANNEL_NAME = "age_mean"
+MAX_AGE_CHANNEL_S = 10.0
+
 # Intensity is quantised to this many steps of [0, 1] (intensity / intensity_scale, clamped).
 INTENSITY_LEVELS = 65535
 # Largest point count one call accepts. Keeps 4*N flat offsets inside int32 in the kernels
@@ -82,6 +87,9 @@ class GridConfig:
     # Two more channels after the fixed five: mean position of the cell's points inside the cell
     # (x, y), so the network sees object edges to ~cm instead of to a whole cell.
     xy_offsets: bool = False
+    # Stacked frames (issue 32): channel 4 holds the cell's mean point age / age_channel_s (clamped to 1) instead
+    # of the mean intensity; the voxelizer's fourth point column then carries the age in seconds. None: intensity.
+    age_channel_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "x_range", _pair(self.x_range, "x_range"))
@@ -92,6 +100,13 @@ class GridConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive finite number, got {v!r}")
             object.__setattr__(self, name, float(v))
+        age = self.age_channel_s
+        if age is not None:
+            if isinstance(age, bool) or not isinstance(age, (int, float)) or not (
+                    math.isfinite(age) and 0 < age <= MAX_AGE_CHANNEL_S):
+                raise ConfigError(f"age_channel_s must be a number of seconds in (0, {MAX_AGE_CHANNEL_S:g}] or "
+                                  f"absent, got {age!r}")
+            object.__setattr__(self, "age_channel_s", float(age))
         if not isinstance(self.xy_offsets, bool):
             raise ConfigError(f"xy_offsets must be true or false, got {self.xy_offsets!r}")
         for name, hi in (("n_height_slices", MAX_HEIGHT_SLICES), ("count_saturation", 1 << 20)):
@@ -155,7 +170,8 @@ class GridConfig:
     @property
     def channel_names(self) -> tuple[str, ...]:
         xy = XY_OFFSET_CHANNEL_NAMES if self.xy_offsets else ()
-        return FIXED_CHANNEL_NAMES + xy + tuple(f"slice_{k}" for k in range(self.n_height_slices))
+        fixed = FIXED_CHANNEL_NAMES if self.age_channel_s is None else FIXED_CHANNEL_NAMES[:4] + (AGE_CHANNEL_NAME,)
+        return fixed + xy + tuple(f"slice_{k}" for k in range(self.n_height_slices))
 
     # -- fixed-point constants shared by both backends ------------------------------------------
     def kernel_constants(self) -> dict[str, float | int]:
@@ -166,7 +182,10 @@ class GridConfig:
             "z_min": f32(self.z_range[0]),
             "inv_cell": f32(1.0 / self.cell_size),
             "inv_z_quantum": f32(1.0 / self.z_quantum),
-            "intensity_mult": f32(INTENSITY_LEVELS / self.intensity_scale),
+            # the fourth column's scale to its 0..INTENSITY_LEVELS steps: intensity / intensity_scale, or age in
+            # seconds / age_channel_s (both clamped to 1)
+            "intensity_mult": f32(INTENSITY_LEVELS / (self.intensity_scale if self.age_channel_s is None
+                                                      else self.age_channel_s)),
             "width": self.width,
             "height": self.height,
             "z_levels": self.z_levels,
@@ -193,6 +212,8 @@ class GridConfig:
             d[k] = list(d[k])
         if not self.xy_offsets:  # absent when off, so grids (and weights) from before it keep their hash
             del d["xy_offsets"]
+        if self.age_channel_s is None:  # likewise
+            del d["age_channel_s"]
         return d
 
     @classmethod

@@ -1,0 +1,180 @@
+"""Stacked frames with a point-age input (issue 32 item 4): the accumulator gives every stacked point a time,
+the pipeline feeds ages to a model with ``grid.age_channel_s`` and only the newest frame to stage 2, training
+samples stack simulated drives, and a stage-12 network grows the age input without changing what it computes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from livox_infer.accumulate import EARLIER_FRAME_AGE_S, Accumulator, point_ages
+from livox_infer.decode.pointcloud import Cloud
+from livox_infer.detector.config import ModelConfig
+from livox_infer.errors import ConfigError
+
+MS = 1_000_000
+
+
+def age_config(age_s: float = 0.5, **extra) -> ModelConfig:
+    lite = ModelConfig.load("lite")
+    d = yaml.safe_load(open(lite.source))
+    d["grid"]["age_channel_s"] = age_s
+    d.update(extra)
+    return ModelConfig.from_dict(d, source=lite.source)
+
+
+def cloud(n: int, stamp_ms: int, seed: int, time: bool = False) -> Cloud:
+    rng = np.random.default_rng(seed)
+    pts = np.c_[rng.uniform([5, -5, -1], [30, 5, 1], (n, 3)), rng.uniform(0, 255, n)].astype(np.float32)
+    return Cloud(pts, np.linspace(0, 0.099, n) if time else None, None, stamp_ms * MS, "livox")
+
+
+def test_stacked_clouds_always_carry_point_times_and_ages():
+    acc = Accumulator(3)
+    single = acc.add(cloud(10, 0, 0))
+    assert single.time is None and point_ages(single) is None  # one frame without times: nothing to say
+    acc.add(cloud(10, 100, 1))
+    out = acc.add(cloud(10, 200, 2))
+    ages = point_ages(out)
+    np.testing.assert_allclose(ages, np.repeat([0.2, 0.1, 0.0], 10), atol=1e-6)  # oldest frame first
+    # with point times: a point's age is how long before the newest stamp it was measured
+    acc = Accumulator(2)
+    acc.add(cloud(10, 0, 0, time=True))
+    out = acc.add(cloud(10, 100, 1, time=True))
+    ages = point_ages(out)
+    np.testing.assert_allclose(ages[:10], 0.1 - np.linspace(0, 0.099, 10), atol=1e-6)
+    assert not ages[10:].any()  # the newest frame's times run forward from its stamp: age 0
+
+
+def test_age_config_needs_intensity_off_and_names_its_channel():
+    cfg = age_config()
+    assert cfg.grid.channel_names[4] == "age_mean"
+    assert cfg.architecture_hash() != ModelConfig.load("lite").architecture_hash()
+    with pytest.raises(ConfigError, match="use_intensity"):
+        age_config(use_intensity=True)
+
+
+def test_warm_start_turns_the_unused_intensity_input_into_a_zero_age_input():
+    """The shipped network (fed no intensity) grows the age input with zero weights: on a single frame (ages 0)
+    and on any input it computes what it did."""
+    from livox_infer.detector.network import build_model
+    from livox_infer.detector.weights import load_weights, warm_start
+
+    lite, cfg = ModelConfig.load("lite"), age_config()
+    old = build_model(lite).eval()
+    load_weights(old, lite, lite.weights_path())
+    new = build_model(cfg).eval()
+    assert warm_start(new, cfg, lite.weights_path()) == ["backbone.stem.0.0.weight"]
+    w = new.backbone.stem[0][0].weight
+    assert not w[:, 4].any()
+    torch.testing.assert_close(torch.cat([w[:, :4], w[:, 5:]], 1),
+                               torch.cat([old.backbone.stem[0][0].weight[:, :4], old.backbone.stem[0][0].weight[:, 5:]], 1))
+    bev = torch.rand(1, *cfg.grid.shape)
+    zeroed = bev.clone()
+    zeroed[:, 4] = 0
+    with torch.no_grad():
+        a, b = old(zeroed), new(bev)
+    for name in ("heatmap", "size", "offset"):
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
+
+
+def grown_age_model(tmp_path) -> str:
+    """A model config with the age input and the shipped weights grown to it (`warm_start`), in tmp_path."""
+    from livox_infer.detector.network import build_model
+    from livox_infer.detector.weights import save_weights, warm_start
+
+    lite = ModelConfig.load("lite")
+    d = yaml.safe_load(open(lite.source))
+    d["grid"]["age_channel_s"] = 0.5
+    d["weights"] = "lite-age.safetensors"
+    (tmp_path / "lite-age.yaml").write_text(yaml.safe_dump(d))
+    cfg = ModelConfig.load(tmp_path / "lite-age.yaml")
+    net = build_model(cfg).eval()
+    warm_start(net, cfg, lite.weights_path())
+    save_weights(net, cfg, tmp_path / "lite-age.safetensors")
+    return str(tmp_path / "lite-age.yaml")
+
+
+def test_pipeline_feeds_ages_to_the_network_and_the_newest_frame_to_stage_2(tmp_path, monkeypatch):
+    from livox_infer.pipeline import DetectionPipeline
+
+    pipe = DetectionPipeline(model=grown_age_model(tmp_path), compile=False, sensor_height=1.8)
+    seen = {}
+    voxelize = pipe.voxelizer
+
+    def spy_voxelizer(points):
+        seen["voxelized"] = points.clone()
+        return voxelize(points)
+
+    refine = pipe._stage2.refine
+
+    def spy_refine(points, *a, **k):
+        seen["refined"] = points.clone()
+        return refine(points, *a, **k)
+
+    pipe.voxelizer = spy_voxelizer
+    monkeypatch.setattr(pipe._stage2, "refine", spy_refine)
+    acc = Accumulator(3)
+    for i in range(3):
+        stacked = acc.add(cloud(2000, 100 * i, i))
+    pipe.detect(stacked)
+    np.testing.assert_allclose(np.sort(np.unique(seen["voxelized"][:, 3].numpy())), [0.0, 0.1, 0.2], atol=1e-6)
+    assert len(seen["refined"]) == 2000 and not seen["refined"][:, 3].any()  # the newest frame, no age column
+    pipe.detect(cloud(2000, 1000, 5))  # a single frame: age 0 everywhere, all of it refined
+    assert not seen["voxelized"][:, 3].any() and len(seen["refined"]) == 2000
+
+
+def test_a_model_without_the_age_input_still_refines_only_the_newest_frame():
+    from livox_infer.pipeline import DetectionPipeline
+
+    pipe = DetectionPipeline(model="lite", compile=False, sensor_height=1.8)
+    seen = {}
+    refine = pipe._stage2.refine
+    pipe._stage2.refine = lambda points, *a, **k: (seen.setdefault("n", len(points)), refine(points, *a, **k))[1]
+    acc = Accumulator(2)
+    acc.add(cloud(1500, 0, 0))
+    pipe.detect(acc.add(cloud(1000, 100, 1)))
+    assert seen["n"] == 1000
+    assert EARLIER_FRAME_AGE_S < 0.1  # one Livox frame
+
+
+def test_stacked_training_sample_has_the_newest_frames_boxes_and_ages():
+    from livox_infer.sim.simulate import simulate_frame
+    from livox_infer.training.stacked import simulate_stacked_frame
+
+    f = simulate_stacked_frame("avia", 10, "street", 3, ego_speed=8.0)  # even seed: one age per frame
+    last = simulate_frame("avia", 10, frame_index=2, scene="street", ego_speed=8.0)
+    np.testing.assert_array_equal(f.boxes, np.asarray(last.boxes, np.float32).reshape(-1, 7))
+    np.testing.assert_allclose(np.unique(np.round(f.age, 3)), [0.0, 0.1, 0.2], atol=1e-6)
+    assert f.points.shape == (f.age.shape[0], 4)
+    n_new = int(last.valid.sum())
+    assert np.count_nonzero(f.age == 0) == n_new
+    g = simulate_stacked_frame("avia", 11, "street", 2, ego_speed=8.0)  # odd seed: ages from the point times
+    assert len(np.unique(g.age)) > 10 and g.age.max() <= 0.2 + 1e-6
+
+
+def test_stacked_shards_round_trip_and_prepare_feeds_ages(tmp_path):
+    from livox_infer.training import train as train_mod
+    from livox_infer.voxelize.reference import ReferenceConstants
+
+    cfg = age_config()
+    train_mod.generate_shard(tmp_path, "train", 0, 5, cfg, {"ego_speed": 5.0}, ("avia", "hdl64"), 3, (2, 3))
+    frames = train_mod.load_shards(tmp_path, "train", 1)
+    assert [round(float(f.age.max()), 1) for f in frames] == [0.1, 0.2, 0.1]  # 2, 3, 2 frames stacked
+    f = frames[1]
+    bev, *_, levelled = train_mod.prepare(f, None, cfg, ReferenceConstants(cfg.grid))
+    np.testing.assert_allclose(levelled[:, 3], f.age)
+    assert bev[4].max() > 0
+    rng = np.random.default_rng(0)
+    pts, *_ = train_mod.augment(dataclasses.replace(f, points=np.c_[f.points[:, :3], f.age]), rng, age_column=True)
+    assert np.isin(pts[:, 3], f.age).all() and pts[:, 3].max() > 0.05  # the intensity augmentation left it alone
+    lite = ModelConfig.load("lite")  # a model without the age input gets zeros there, stacked or not
+    *_, levelled = train_mod.prepare(f, None, lite, ReferenceConstants(lite.grid))
+    assert not levelled[:, 3].any()
+    assert train_mod.parse_stack("2,4") == (2, 4) and train_mod.parse_stack([3]) == (3, 3)
+    with pytest.raises(ConfigError, match="stack"):
+        train_mod.parse_stack("a")
