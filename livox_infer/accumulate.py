@@ -220,11 +220,6 @@ class Accumulator:
         return Cloud(np.ascontiguousarray(np.concatenate(points)), time, tag, stamp, cloud.frame_id)
 
 
-# A stacked point this much older than the newest stamp is from an earlier frame (a Livox frame lasts 100 ms;
-# the clouds of a rig, merged at one stamp, lie within a few ms of each other).
-EARLIER_FRAME_AGE_S = 0.05
-
-
 def point_ages(cloud: Cloud) -> np.ndarray | None:
     """Seconds each point lies before the cloud's stamp (float32, >= 0; the newest frame's points, whose times run
     forward from its stamp, are 0), or None when the cloud has no point times (a single frame without them)."""

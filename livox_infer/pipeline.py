@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from livox_infer.accumulate import EARLIER_FRAME_AGE_S, point_ages
+from livox_infer.accumulate import point_ages
 from livox_infer.cache import inductor_cache_dir
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.detector.boxes import axis_angle
@@ -34,6 +34,7 @@ from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.detector.calibration import calibrate_scores, calibration_tables
 from livox_infer.detector.postprocess import build_inference_model, select_detections
+from livox_infer.detector.refine import stage2_points
 from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
     Cloud,
@@ -302,6 +303,33 @@ class DetectionPipeline:
             self.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("torch.compile failed, running the network eagerly: %s", self.compile_error)
             self._runner = self._eager
+            return
+        if self._stage2 is not None and self.device.type == "cpu":
+            self._compile_refiner()
+
+    def _compile_refiner(self) -> None:
+        """Stage 2's costly parts compiled too (on the CPU, where they are a third of a frame; issue 33). They
+        compile when `self_test` warms them up; any failure there leaves them eager with one warning."""
+        try:
+            self._stage2.compile_refiner()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
+            self._refiner_compile_failed(exc)
+
+    def _refiner_compile_failed(self, exc: Exception) -> None:
+        self._stage2.compiled_refiner = None
+        log.warning("torch.compile of stage 2 failed, running it eagerly: %s: %s", type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "")
+
+    def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor) -> None:
+        """Compile stage 2's parts now, not on the first real frame: its point features compile at their first
+        call with at least `refine.points` points near the boxes."""
+        rc, compiled = self.cfg.refine, self._stage2.compiled_refiner
+        try:
+            n = max(rc.points, 256)
+            compiled.features(points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
+                              rc.points, rc.margin, self.grid.intensity_scale)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
+            self._refiner_compile_failed(exc)
 
     # -- parameters ----------------------------------------------------------------------------
     def update(self, **params: Any) -> None:
@@ -406,6 +434,8 @@ class DetectionPipeline:
         points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
         self._input.copy_(self.voxelizer(points)[None])
         scores, labels, boxes = self._runner(self._input)
+        if self._stage2 is not None and self._stage2.compiled_refiner is not None:
+            self._warm_up_refiner(points, boxes)
         if self._stage2 is not None:
             scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
         if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
@@ -440,17 +470,6 @@ class DetectionPipeline:
             return median_mount(list(self._mount_history))
         return Mount(DEFAULT_SENSOR_HEIGHT if sh == "auto" else float(sh))
 
-    def _refiner_points(self, levelled: torch.Tensor, ages: np.ndarray | None) -> torch.Tensor:
-        """What stage 2 sees: the newest frame's points of a stacked cloud (it was trained on single frames, and
-        older frames put moving objects where they were, not where the box goes), without the age column."""
-        if ages is not None and (ages >= EARLIER_FRAME_AGE_S).any():
-            levelled = levelled[torch.from_numpy(ages < EARLIER_FRAME_AGE_S).to(self.device)]  # (a copy)
-        elif self.grid.age_channel_s is not None:
-            levelled = levelled.clone()
-        if self.grid.age_channel_s is not None:
-            levelled[:, 3] = 0.0
-        return levelled
-
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
         t0 = time.perf_counter()
@@ -474,8 +493,8 @@ class DetectionPipeline:
         t3 = time.perf_counter()
         p = self._params
         if self._stage2 is not None and p["refine"]:
-            scores, labels, boxes = self._stage2.refine(self._refiner_points(levelled, ages), scores, labels, boxes,
-                                                        self.grid.intensity_scale)
+            points = stage2_points(levelled, ages, self.grid.age_channel_s is not None)  # the newest frame
+            scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
             self._sync()
         t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)

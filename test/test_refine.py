@@ -17,7 +17,7 @@ from livox_infer.detector import ModelConfig, build_model, load_weights, save_we
 from livox_infer.training import train as train_mod
 from livox_infer.detector.boxes import axis_angle, paired_bev_iou
 from livox_infer.detector.refine import (
-    POINT_FEATURES, VIS_OBSTACLE_Z, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size,
+    POINT_FEATURES, VIS_OBSTACLE_Z, CompiledRefiner, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size,
     encode_residuals, first_hit_map, match_candidates, refine_candidates, refine_loss, roi_context,
     roi_point_features, roi_visibility,
 )
@@ -173,6 +173,32 @@ def test_refine_candidates_rescoring():
     assert not torch.allclose(b2[:2], b1[:2])  # the second pass moved the boxes once more
     twice = RefineConfig(rois=8, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 0.5, 1.0), passes=2)
     assert torch.equal(refine_candidates(net, twice, 3, _points(), scores, labels, BOXES, 255.0)[2], b2)
+
+
+@pytest.mark.slow  # two small torch.compile graphs: ~20-60 s cold
+def test_compiled_stage_2_matches_the_eager_one():
+    """The compiled pipeline's stage 2 (torch.compile'd point features with a dynamic point count, and the
+    refiner on its fixed shape) gives the eager scores and boxes, on clouds of several sizes without recompiling
+    for each, and on a cloud with fewer near points than samples (that one runs eagerly)."""
+    cfg = RefineConfig(rois=3, points=16, point_channels=(8, 16), hidden=(8,), score_alpha=(0.5, 0.5, 0.5), passes=2)
+    torch.manual_seed(0)
+    net = RoiRefiner(cfg, 3).eval()
+    with torch.no_grad():
+        net.residual.bias.fill_(0.05)
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    compiled = CompiledRefiner(net, cfg)
+    scores, labels = torch.tensor([0.9, 0.6, 0.3]), torch.tensor([0, 1, 0])
+    for n, seed in ((3000, 0), (5000, 1), (40, 2)):
+        pts = _points(n, seed)
+        with torch.no_grad():
+            eager = refine_candidates(net, cfg, 3, pts, scores, labels, BOXES, 255.0)
+            fast = refine_candidates(net, cfg, 3, pts, scores, labels, BOXES, 255.0, compiled=compiled)
+        torch.testing.assert_close(fast[0], eager[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(fast[2], eager[2], rtol=0, atol=1e-4)
+        assert torch.equal(fast[1], eager[1])
 
 
 def test_refine_config_section():

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from livox_infer.accumulate import EARLIER_FRAME_AGE_S, Accumulator, point_ages
+from livox_infer.accumulate import Accumulator, point_ages
+from livox_infer.detector.refine import EARLIER_FRAME_AGE_S
 from livox_infer.decode.pointcloud import Cloud
 from livox_infer.detector.config import ModelConfig
 from livox_infer.errors import ConfigError

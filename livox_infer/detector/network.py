@@ -53,7 +53,16 @@ class BevDetector(nn.Module):
                intensity_scale: float, passes: int | None = None):
         """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`)."""
         return refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
-                                 intensity_scale, passes=passes)
+                                 intensity_scale, passes=passes, compiled=self.compiled_refiner)
+
+    compiled_refiner = None  # a refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`)
+
+    def compile_refiner(self) -> None:
+        """Run stage 2's costly parts torch.compile'd from now on (they compile at their first call)."""
+        from livox_infer.detector.refine import CompiledRefiner
+
+        if self.refiner is not None:
+            self.compiled_refiner = CompiledRefiner(self.refiner, self.cfg.refine)
 
 
 def fuse_batchnorm(model: nn.Module) -> nn.Module:

@@ -127,11 +127,34 @@ def _cap_near(near: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return near[top.sort().values]
 
 
+# A stacked point this much older than the newest stamp is from an earlier frame (a Livox frame lasts 100 ms;
+# the clouds of a rig, merged at one stamp, lie within a few ms of each other).
+EARLIER_FRAME_AGE_S = 0.05
+
+
+def stage2_points(levelled: torch.Tensor, ages, age_input: bool) -> torch.Tensor:
+    """What stage 2 sees of a levelled cloud whose points are ``ages`` (numpy or tensor, seconds; None: a
+    single frame) old: a stacked cloud's newest frame only (the refiner looks at where an object is now; older
+    frames put moving objects where they were), and, for a model whose fourth column carries the age
+    (``grid.age_channel_s``), that column zeroed, as for a model fed no intensity."""
+    if ages is not None:
+        old = torch.as_tensor(ages, device=levelled.device) >= EARLIER_FRAME_AGE_S
+        if bool(old.any()):
+            levelled = levelled[~old]  # (a copy)
+        elif age_input:
+            levelled = levelled.clone()
+    elif age_input:
+        levelled = levelled.clone()
+    if age_input:
+        levelled[:, 3] = 0.0
+    return levelled
+
+
 def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
-                       intensity_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       intensity_scale: float, compiled_core=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
     validity mask (R, S): up to S = ``n_samples`` points inside each box enlarged by ``margin``, invalid
-    slots zero."""
+    slots zero. ``compiled_core``: a compiled `sampled_features` (used when at least S points are near)."""
     r = boxes.shape[0]
     feats = points.new_zeros((r, n_samples, POINT_FEATURES))
     valid = torch.zeros((r, n_samples), dtype=torch.bool, device=points.device)
@@ -143,21 +166,30 @@ def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int
     n = points.shape[0]
     if n == 0:
         return feats, valid
+    k = min(n_samples, n)
+    core = sampled_features if compiled_core is None or n < n_samples else compiled_core
+    f, ok = core(points, near, boxes, k, margin, intensity_scale)
+    feats[:, :k] = f
+    valid[:, :k] = ok
+    return feats, valid
+
+
+def sampled_features(points: torch.Tensor, near: torch.Tensor, boxes: torch.Tensor, k: int, margin: float,
+                     intensity_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` <= len(points) sampled points of each box and their features (R, k, 7), validity (R, k): the
+    part of `roi_point_features` that costs (R x N elementwise work and a top-k) and has no data-dependent shape,
+    so torch.compile(dynamic=True) fuses it (`compile_refiner`). ``near``: the points' indices in the cloud."""
     u, v, w = _box_frame(points, boxes)
     half = boxes[:, 3:6] / 2 + margin  # (R, 3)
     inside = (u.abs() <= half[:, 0:1]) & (v.abs() <= half[:, 1:2]) & (w.abs() <= half[:, 2:3])
     # the sampling key belongs to the point's index in the whole cloud, so pre-selecting changes nothing
     key = _sampling_key(near, points.dtype)
-    k = min(n_samples, n)
     top, idx = torch.where(inside, key[None, :], torch.full_like(u, -1.0)).topk(k, dim=1)
     ok = top >= 0
-    pick = lambda t: t.gather(1, idx)  # noqa: E731
-    pu, pv, pw = pick(u), pick(v), pick(w)
+    pu, pv, pw = u.gather(1, idx), v.gather(1, idx), w.gather(1, idx)
     f = torch.stack([pu / half[:, 0:1], pv / half[:, 1:2], pw / half[:, 2:3], pu, pv, pw,
                      (points[:, 3][idx] / intensity_scale).clamp(0.0, 1.0)], dim=-1)  # as the voxelizer clamps
-    feats[:, :k] = f * ok[..., None]
-    valid[:, :k] = ok
-    return feats, valid
+    return f * ok[..., None], ok
 
 
 def roi_context(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -253,8 +285,14 @@ class RoiRefiner(nn.Module):
         nn.init.zeros_(self.residual.bias)
 
     def forward(self, feats: torch.Tensor, valid: torch.Tensor, context: torch.Tensor):
-        h = self.point_mlp(feats.transpose(1, 2))  # (R, C, S)
-        h = h.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=-1)
+        r, n_samples = feats.shape[:2]
+        # the shared MLP as matrix products over all (R x S) points: the 1x1 Conv1d layers' weights, applied as
+        # linear layers (oneDNN's convolution path cost ~1 ms per layer on these tiny shapes); BatchNorm1d takes
+        # (N, C) with the same statistics as (R, C, S)
+        h = feats.reshape(r * n_samples, feats.shape[2])
+        for layer in self.point_mlp:
+            h = F.linear(h, layer.weight[:, :, 0], layer.bias) if isinstance(layer, nn.Conv1d) else layer(h)
+        h = h.reshape(r, n_samples, -1).masked_fill(~valid[:, :, None], float("-inf")).amax(dim=1)
         h = torch.where(valid.any(dim=1, keepdim=True), h, torch.zeros_like(h))  # a box without points: zeros
         z = self.head(torch.cat([h, context], dim=1))
         return self.iou(z)[:, 0], self.residual(z)
@@ -320,10 +358,11 @@ def refine_loss(iou_logit: torch.Tensor, residual: torch.Tensor, boxes: torch.Te
 @torch.no_grad()
 def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, points: torch.Tensor,
                       scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, intensity_scale: float,
-                      rois: int | None = None, passes: int | None = None):
+                      rois: int | None = None, passes: int | None = None, compiled=None):
     """Stage 2 on one frame: the first ``rois`` candidates of `topk_decode` (highest heat first) -> their
     re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame; ``passes``
-    refiner applications (default: the config's), each on the previous one's boxes."""
+    refiner applications (default: the config's), each on the previous one's boxes. ``compiled``: a
+    `CompiledRefiner` to run the costly parts with."""
     r = min(rois or cfg.rois, scores.shape[0])
     scores, labels, boxes = scores[:r].float(), labels[:r], boxes[:r].float()
     points = points.float()
@@ -331,8 +370,11 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     new_scores = scores
     hits = first_hit_map(points) if cfg.visibility else None
     for _ in range(passes or cfg.passes):
-        feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale)
-        iou_logit, residual = refiner(feats, valid, refiner_context(cfg, num_classes, scores, labels, boxes, hits))
+        feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale,
+                                          None if compiled is None else compiled.features)
+        context = refiner_context(cfg, num_classes, scores, labels, boxes, hits)
+        run = refiner if compiled is None or feats.shape[0] != compiled.rois else compiled.refiner
+        iou_logit, residual = run(feats, valid, context)
         new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
         # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
         # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
@@ -378,3 +420,14 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
         passes=passes, visibility=tuple(visibility) if visibility else None,
     )
 
+
+
+class CompiledRefiner:
+    """torch.compile'd stage-2 parts (the compiled pipeline's, issue 33): `sampled_features` with a dynamic point
+    count, and the refiner on its fixed (rois, points) shape; the rest of stage 2 (which points are near, the
+    context, the residuals) is cheap and stays eager."""
+
+    def __init__(self, refiner: RoiRefiner, cfg: RefineConfig) -> None:
+        self.rois = cfg.rois
+        self.features = torch.compile(sampled_features, dynamic=True, fullgraph=True)
+        self.refiner = torch.compile(refiner, dynamic=False, fullgraph=True)

@@ -45,6 +45,7 @@ from livox_infer.detector.postprocess import select_detections, topk_decode
 from livox_infer.training.sparsify import SparsifyAugment, sparsify
 from livox_infer.detector.refine import (
     first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
+    stage2_points,
 )
 from livox_infer.training.targets import build_targets
 from livox_infer.detector.weights import save_weights
@@ -299,6 +300,13 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
     return bev, {k: torch.from_numpy(v) for k, v in t.items()}, boxes, labels, npts, levelled
 
 
+def _stage2_points(levelled: np.ndarray, cfg: ModelConfig) -> torch.Tensor:
+    """The points of a prepared frame that stage 2 sees (`stage2_points`: the newest frame of a stacked sample,
+    whose ages a model with ``grid.age_channel_s`` carries in the fourth column)."""
+    age_input = cfg.grid.age_channel_s is not None
+    return stage2_points(torch.from_numpy(levelled), levelled[:, 3] if age_input else None, age_input)
+
+
 class BatchStream(torch.utils.data.IterableDataset):
     """Batches for steps [start, total): frame choice and augmentation seeded by (seed, step).
 
@@ -331,8 +339,8 @@ class BatchStream(torch.utils.data.IterableDataset):
                                                            self.fov_crop_share)
                 bevs.append(bev)
                 tgts.append(t)
-                if self.with_scene:
-                    scene.append((torch.from_numpy(points), torch.from_numpy(np.asarray(boxes, np.float32)),
+                if self.with_scene:  # stage 2 sees the newest frame of a stacked sample, as in the pipeline
+                    scene.append((_stage2_points(points, self.cfg), torch.from_numpy(np.asarray(boxes, np.float32)),
                                   torch.from_numpy(np.asarray(labels, np.int64))))
             yield (step, torch.stack(bevs), {k: torch.stack([t[k] for t in tgts]) for k in tgts[0]},
                    scene if self.with_scene else None)
@@ -355,7 +363,7 @@ def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], 
         heads = net(bev[None].to(device))
         s, l, b = (t[0] for t in topk_decode(heads, cfg))
         if refine:
-            s, l, b = refine_candidates(net.refiner, cfg.refine, cfg.num_classes, torch.from_numpy(points).to(device),
+            s, l, b = refine_candidates(net.refiner, cfg.refine, cfg.num_classes, _stage2_points(points, cfg).to(device),
                                         s, l, b, cfg.grid.intensity_scale)
         s, l, b = select_detections(s.cpu(), l.cpu(), b.cpu(), [score_floor] * cfg.num_classes,
                                     cfg.nms_iou, cfg.max_detections, cfg.cross_class_iou)
