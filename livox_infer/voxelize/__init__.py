@@ -18,6 +18,8 @@ Empty cells are 0 in every channel. Channels (all in [0, 1]):
  2    z_min               z level of the lowest point / z_levels
  3    z_mean              rounded mean z level / z_levels
  4    intensity_mean      rounded mean of clamp(intensity / intensity_scale, 0, 1), 1/65535 steps
+      (age_mean)          with grid.age_channel_s: the fourth point column is the point's age in
+                          seconds (stacked frames) and this is the mean of clamp(age / age_channel_s, 0, 1)
  5+k  slice_k             1.0 if any point lies in height slice k (z extent split into
                           n_height_slices equal slices, k = 0 lowest), else 0.0
 ====  ==================  =========================================================================
