@@ -15,6 +15,7 @@ mounting tilt instead, None a level sensor.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -323,11 +324,17 @@ class DetectionPipeline:
     def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor) -> None:
         """Compile stage 2's parts now, not on the first real frame: its point features compile at their first
         call with at least `refine.points` points near the boxes."""
+        from livox_infer.detector.refine import POINT_FEATURES, context_size
+
         rc, compiled = self.cfg.refine, self._stage2.compiled_refiner
         try:
             n = max(rc.points, 256)
             compiled.features(points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
                               rc.points, rc.margin, self.grid.intensity_scale)
+            dev = dict(device=self.device)
+            compiled.refiner(torch.zeros(rc.rois, rc.points, POINT_FEATURES, **dev),
+                             torch.ones(rc.rois, rc.points, dtype=torch.bool, **dev),
+                             torch.zeros(rc.rois, context_size(self.cfg.num_classes, rc.visibility_size), **dev))
         except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
             self._refiner_compile_failed(exc)
 
@@ -434,10 +441,13 @@ class DetectionPipeline:
         points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
         self._input.copy_(self.voxelizer(points)[None])
         scores, labels, boxes = self._runner(self._input)
-        if self._stage2 is not None and self._stage2.compiled_refiner is not None:
-            self._warm_up_refiner(points, boxes)
         if self._stage2 is not None:
-            scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
+            compiling = self._stage2.compiled_refiner is not None
+            with (self.startup.phase("stage-2 compile") if compiling else contextlib.nullcontext()), \
+                    (self.startup.inductor_cache() if compiling else contextlib.nullcontext()):
+                if compiling:  # its parts compile now, and fall back to eager here if they cannot
+                    self._warm_up_refiner(points, boxes)
+                scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
         if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):
             raise WeightsError(f"cannot load {self.weights_file}: the network gives non-finite outputs on a "
                                "known synthetic frame")

@@ -150,10 +150,10 @@ def test_eval_cli_real_writes_json(real_dir, tmp_path, capsys):
 # (models/cv/lite.trained-on-av2.safetensors) and its AV2 sweeps by models/cv/lite.trained-on-kitti.safetensors, the
 # same recipe as the shipped weights on one fold (docs/evaluation.md, "Real labelled scans"). The shipped weights saw
 # every real_dev frame: a number of theirs there is a training fit, never guarded as accuracy. Measured 2026-12-05
-# for stage 12 (calibrated scores, floor 0.1): car BEV@0.5 0.608, @0.7 0.456, pedestrian @0.25 0.110 (stage 11:
-# 0.623 / 0.441 / 0.102); minus a margin: a regression on real points shows up here. Real trucks (6) and buses (1) are
+# for stage 13 (calibrated scores, floor 0.1): car BEV@0.5 0.584, @0.7 0.481, pedestrian @0.25 0.154 (stage 12:
+# 0.608 / 0.456 / 0.110); minus a margin: a regression on real points shows up here. Real trucks (6) and buses (1) are
 # too few to guard.
-REAL_MIN_AP = {("car", "bev@0.5"): 0.57, ("car", "bev@0.7"): 0.39, ("pedestrian", "bev@0.25"): 0.06}
+REAL_MIN_AP = {("car", "bev@0.5"): 0.54, ("car", "bev@0.7"): 0.41, ("pedestrian", "bev@0.25"): 0.10}
 CV_WEIGHTS = {"av2": "lite.trained-on-kitti.safetensors", "kitti": "lite.trained-on-av2.safetensors"}
 
 

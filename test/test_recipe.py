@@ -341,12 +341,13 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
-        "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage9", "stage9-refine"]
+        "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage9",
+        "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
     assert args["init"] == str(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine"))) and args["stage"] == "refine"
-    # stage 12 trained on the real scans of both folds, and its weights say so (eval --cross-validate reads it)
+    # stages 12-13 trained on the real scans of both folds, and the weights say so (eval --cross-validate reads it)
     assert _meta(final)["real_sources"] == "av2,kitti"
     assert json.loads(_meta(final)["train_args"])["real"]["sources"] == ["kitti", "av2"]
 

@@ -20,12 +20,13 @@ from livox_infer.errors import ConfigError
 MS = 1_000_000
 
 
-def age_config(age_s: float = 0.5, **extra) -> ModelConfig:
-    lite = ModelConfig.load("lite")
-    d = yaml.safe_load(open(lite.source))
+def age_config(age_s: float = 0.5, base: str = "lite-sim", **extra) -> ModelConfig:
+    """``base`` (default lite-sim: the stage-10 network, no age input) with the point-age input."""
+    plain = ModelConfig.load(base)
+    d = plain.to_dict()
     d["grid"]["age_channel_s"] = age_s
     d.update(extra)
-    return ModelConfig.from_dict(d, source=lite.source)
+    return ModelConfig.from_dict(d, source=plain.source)
 
 
 def cloud(n: int, stamp_ms: int, seed: int, time: bool = False) -> Cloud:
@@ -54,18 +55,20 @@ def test_stacked_clouds_always_carry_point_times_and_ages():
 def test_age_config_needs_intensity_off_and_names_its_channel():
     cfg = age_config()
     assert cfg.grid.channel_names[4] == "age_mean"
-    assert cfg.architecture_hash() != ModelConfig.load("lite").architecture_hash()
+    assert cfg.architecture_hash() != ModelConfig.load("lite-sim").architecture_hash()
+    assert ModelConfig.load("lite").grid.age_channel_s == 0.5  # the shipped model has it (stage 13)
     with pytest.raises(ConfigError, match="use_intensity"):
         age_config(use_intensity=True)
 
 
 def test_warm_start_turns_the_unused_intensity_input_into_a_zero_age_input():
-    """The shipped network (fed no intensity) grows the age input with zero weights: on a single frame (ages 0)
-    and on any input it computes what it did."""
+    """A network without the age input (here lite-sim, the stage-10 weights; stage 12 grew so into stage 13) gets
+    it with zero weights where its intensity input was: with channel 4 at 0, as the pipeline feeds a model without
+    intensity, it computes what it did."""
     from livox_infer.detector.network import build_model
     from livox_infer.detector.weights import load_weights, warm_start
 
-    lite, cfg = ModelConfig.load("lite"), age_config()
+    lite, cfg = ModelConfig.load("lite-sim"), age_config()
     old = build_model(lite).eval()
     load_weights(old, lite, lite.weights_path())
     new = build_model(cfg).eval()
@@ -83,27 +86,10 @@ def test_warm_start_turns_the_unused_intensity_input_into_a_zero_age_input():
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
 
 
-def grown_age_model(tmp_path) -> str:
-    """A model config with the age input and the shipped weights grown to it (`warm_start`), in tmp_path."""
-    from livox_infer.detector.network import build_model
-    from livox_infer.detector.weights import save_weights, warm_start
-
-    lite = ModelConfig.load("lite")
-    d = yaml.safe_load(open(lite.source))
-    d["grid"]["age_channel_s"] = 0.5
-    d["weights"] = "lite-age.safetensors"
-    (tmp_path / "lite-age.yaml").write_text(yaml.safe_dump(d))
-    cfg = ModelConfig.load(tmp_path / "lite-age.yaml")
-    net = build_model(cfg).eval()
-    warm_start(net, cfg, lite.weights_path())
-    save_weights(net, cfg, tmp_path / "lite-age.safetensors")
-    return str(tmp_path / "lite-age.yaml")
-
-
 def test_pipeline_feeds_ages_to_the_network_and_the_newest_frame_to_stage_2(tmp_path, monkeypatch):
     from livox_infer.pipeline import DetectionPipeline
 
-    pipe = DetectionPipeline(model=grown_age_model(tmp_path), compile=False, sensor_height=1.8)
+    pipe = DetectionPipeline(model="lite", compile=False, sensor_height=1.8)  # the shipped model has the age input
     seen = {}
     voxelize = pipe.voxelizer
 
@@ -132,7 +118,7 @@ def test_pipeline_feeds_ages_to_the_network_and_the_newest_frame_to_stage_2(tmp_
 def test_a_model_without_the_age_input_still_refines_only_the_newest_frame():
     from livox_infer.pipeline import DetectionPipeline
 
-    pipe = DetectionPipeline(model="lite", compile=False, sensor_height=1.8)
+    pipe = DetectionPipeline(model="lite-sim", compile=False, sensor_height=1.8)
     seen = {}
     refine = pipe._stage2.refine
     pipe._stage2.refine = lambda points, *a, **k: (seen.setdefault("n", len(points)), refine(points, *a, **k))[1]
@@ -173,9 +159,33 @@ def test_stacked_shards_round_trip_and_prepare_feeds_ages(tmp_path):
     rng = np.random.default_rng(0)
     pts, *_ = train_mod.augment(dataclasses.replace(f, points=np.c_[f.points[:, :3], f.age]), rng, age_column=True)
     assert np.isin(pts[:, 3], f.age).all() and pts[:, 3].max() > 0.05  # the intensity augmentation left it alone
-    lite = ModelConfig.load("lite")  # a model without the age input gets zeros there, stacked or not
+    lite = ModelConfig.load("lite-sim")  # a model without the age input gets zeros there, stacked or not
     *_, levelled = train_mod.prepare(f, None, lite, ReferenceConstants(lite.grid))
     assert not levelled[:, 3].any()
     assert train_mod.parse_stack("2,4") == (2, 4) and train_mod.parse_stack([3]) == (3, 3)
     with pytest.raises(ConfigError, match="stack"):
         train_mod.parse_stack("a")
+
+
+def test_a_stage_2_that_fails_to_compile_runs_eagerly(monkeypatch, caplog):
+    """The compiled pipeline warms stage 2's compiled parts up at start; a compiler failure there leaves stage 2
+    eager with one warning instead of failing the frame (issue 33)."""
+    import logging
+
+    from livox_infer.pipeline import DetectionPipeline
+
+    pipe = DetectionPipeline(model="lite", compile=False, sensor_height=1.8)
+
+    def failing(*a, **k):
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing)
+    pipe._stage2.compile_refiner()
+    assert pipe._stage2.compiled_refiner is not None
+    with caplog.at_level(logging.WARNING):
+        pipe.self_test()
+    assert pipe._stage2.compiled_refiner is None
+    assert any("stage 2 failed, running it eagerly" in r.message for r in caplog.records)
+    assert len(pipe.detect(cloud(3000, 0, 1)).timings_ms) == 7

@@ -408,13 +408,13 @@ def test_use_intensity_false_zeroes_the_input_in_training_and_in_the_pipeline():
     from livox_infer.pipeline import DetectionPipeline
     from livox_infer.voxelize.reference import ReferenceConstants
 
-    off = ModelConfig.load("lite")
-    assert not off.use_intensity  # the shipped config (stage 9)
-    cfg = ModelConfig.from_dict({**yaml.safe_load(open(off.source)), "use_intensity": True}, source=off.source)
+    off = ModelConfig.load("lite-sim")  # the network without the point-age input (lite's channel 4 is the age)
+    assert not off.use_intensity  # as lite's since stage 9
+    cfg = ModelConfig.from_dict({**off.to_dict(), "use_intensity": True}, source=off.source)
     assert cfg.use_intensity and off.architecture_hash() == cfg.architecture_hash()  # not part of the architecture
     assert ModelConfig.from_dict(off.to_dict(), source=off.source) == off
     with pytest.raises(ConfigError):
-        ModelConfig.from_dict({**yaml.safe_load(open(cfg.source)), "use_intensity": "no"})
+        ModelConfig.from_dict({**off.to_dict(), "use_intensity": "no"})
     rng = np.random.default_rng(1)
     pts = np.c_[rng.uniform([2, -20, -1.5], [50, 20, 1.0], (3000, 3)), rng.uniform(0, 255, 3000)].astype(np.float32)
     frame = train_mod.Frame(pts, np.zeros((0, 7), np.float32), np.zeros(0, np.int64), 1.8, np.array([0, 0, 1.0]), "avia")
