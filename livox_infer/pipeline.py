@@ -442,10 +442,10 @@ class DetectionPipeline:
         self._input.copy_(self.voxelizer(points)[None])
         scores, labels, boxes = self._runner(self._input)
         if self._stage2 is not None:
-            compiling = self._stage2.compiled_refiner is not None
-            with (self.startup.phase("stage-2 compile") if compiling else contextlib.nullcontext()), \
-                    (self.startup.inductor_cache() if compiling else contextlib.nullcontext()):
-                if compiling:  # its parts compile now, and fall back to eager here if they cannot
+            with contextlib.ExitStack() as timed:
+                if self._stage2.compiled_refiner is not None:  # its parts compile now (or fall back to eager here)
+                    timed.enter_context(self.startup.phase("stage-2 compile"))
+                    timed.enter_context(self.startup.inductor_cache())
                     self._warm_up_refiner(points, boxes)
                 scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
         if not (torch.isfinite(scores.float()).all() and torch.isfinite(boxes.float()).all()):

@@ -206,37 +206,37 @@ STAGE13_TRAIN = {
 }
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE13_TRAIN))
-def test_stage13_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+def _check_real_fold_stage(stage, commands, tmp_path, unrecorded=("select",)):
+    """A real-fold stage of the recipe (stage 12 or 13) runs the command of its table (flags, init, train data), the
+    keys in ``unrecorded`` aside (the runs kept every checkpoint and the last was taken: select last, stop_after);
+    returns the stage's options."""
     r = load_recipe(RECIPE)
     ours = recipe_mod.stage_options(r, r.stage(stage), tmp_path, None, Runtime())
-    flags, init, train = STAGE13_TRAIN[stage]
+    flags, init, train = commands[stage]
     mine, theirs = _recipe_fields(ours), _recipe_fields(_cli_options(flags))
     assert Path(mine["real"].pop("root")).resolve() == (REPO.parent / "shared" / "data" / "real_dev").resolve()
     theirs["real"].pop("root")
-    for key in ("select", "stop_after"):  # stage13-stacked2 was stopped by hand at step 1000; the last was taken
+    for key in unrecorded:
         mine.pop(key), theirs.pop(key)
     assert mine == theirs
+    assert r.stage(stage).init == init and [p.dataset for p in r.stage(stage).train] == train
+    return ours
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE13_TRAIN))
+def test_stage13_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+    # stage13-stacked2 was stopped by hand at step 1000 of its schedule (stop_after in the recipe)
+    ours = _check_real_fold_stage(stage, STAGE13_TRAIN, tmp_path, unrecorded=("select", "stop_after"))
     cfg = ours.model_config()
     assert cfg.grid.age_channel_s == 0.5 and not cfg.use_intensity and cfg.classes == ModelConfig.load("lite").classes
     assert cfg.architecture_hash() == ModelConfig.load("lite").architecture_hash()  # the shipped network
-    assert r.stage(stage).init == init and [p.dataset for p in r.stage(stage).train] == train
-    assert r.stage("stage13-stacked2").stop_after == 1000
+    assert load_recipe(RECIPE).stage("stage13-stacked2").stop_after == 1000
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE12_TRAIN))
 def test_stage12_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
-    r = load_recipe(RECIPE)
-    ours = recipe_mod.stage_options(r, r.stage(stage), tmp_path, None, Runtime())
-    flags, init, train = STAGE12_TRAIN[stage]
-    mine, theirs = _recipe_fields(ours), _recipe_fields(_cli_options(flags))
-    assert Path(mine["real"].pop("root")).resolve() == (REPO.parent / "shared" / "data" / "real_dev").resolve()
-    theirs["real"].pop("root")
-    mine.pop("select"), theirs.pop("select")  # the runs kept every checkpoint and the last was taken (select: last)
-    assert mine == theirs
-    cfg = ours.model_config()
+    cfg = _check_real_fold_stage(stage, STAGE12_TRAIN, tmp_path).model_config()
     assert not cfg.use_intensity and cfg.classes == ("car", "pedestrian", "cyclist", "truck", "bus")
-    assert r.stage(stage).init == init and [p.dataset for p in r.stage(stage).train] == train
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():

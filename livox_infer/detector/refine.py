@@ -137,12 +137,9 @@ def stage2_points(levelled: torch.Tensor, ages, age_input: bool) -> torch.Tensor
     single frame) old: a stacked cloud's newest frame only (the refiner looks at where an object is now; older
     frames put moving objects where they were), and, for a model whose fourth column carries the age
     (``grid.age_channel_s``), that column zeroed, as for a model fed no intensity."""
-    if ages is not None:
-        old = torch.as_tensor(ages, device=levelled.device) >= EARLIER_FRAME_AGE_S
-        if bool(old.any()):
-            levelled = levelled[~old]  # (a copy)
-        elif age_input:
-            levelled = levelled.clone()
+    old = None if ages is None else torch.as_tensor(ages, device=levelled.device) >= EARLIER_FRAME_AGE_S
+    if old is not None and bool(old.any()):
+        levelled = levelled[~old]  # (a copy)
     elif age_input:
         levelled = levelled.clone()
     if age_input:

@@ -237,12 +237,11 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     grown = list(added)
     for k, v in state.items():
         mine = own[k]
-        first_conv = (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
-                      and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:] and k.startswith("backbone.stem."))
-        if tuple(v.shape) == tuple(mine.shape) and not (age_swap and first_conv):
+        input_conv = (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
+                      and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:])
+        if tuple(v.shape) == tuple(mine.shape) and not (age_swap and input_conv and k.startswith("backbone.stem.")):
             continue
-        if (v.dim() == 4 and v.shape[1] == len(old_channels) and mine.shape[1] == len(new_channels)
-                and v.shape[0] == mine.shape[0] and v.shape[2:] == mine.shape[2:]):
+        if input_conv:
             new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
             new[:, channel_map] = v[:, kept]
         elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]

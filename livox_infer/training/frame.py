@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from livox_infer.ground import Mount
+from livox_infer.ground import Mount, estimate_mount
 
 
 @dataclass
@@ -32,3 +32,18 @@ def points_with_age(frame: Frame) -> np.ndarray:
     pts = frame.points.copy()
     pts[:, 3] = 0.0 if frame.age is None else frame.age
     return pts
+
+
+def sim_returns(f) -> np.ndarray:
+    """Mask of a SimFrame's real, finite returns (no-returns are (0, 0, 0) rows)."""
+    pts = np.asarray(f.points, np.float32)
+    return np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
+
+
+def training_mount(points: np.ndarray, f) -> Mount:
+    """The mount a training sample is levelled with: estimated from ``points`` as the pipeline's "auto" mode
+    does, or SimFrame ``f``'s true one (sensor height, world up from the pose) when that fails."""
+    est = estimate_mount(points)
+    if est is None or abs(est.height - f.sensor_height) > 0.5:
+        est = Mount(float(f.sensor_height), tuple(float(v) for v in np.asarray(f.pose)[2, :3]))
+    return est

@@ -19,8 +19,7 @@ import numpy as np
 
 from livox_infer.accumulate import Accumulator, point_ages
 from livox_infer.decode.pointcloud import Cloud
-from livox_infer.ground import Mount, estimate_mount
-from livox_infer.training.frame import Frame
+from livox_infer.training.frame import Frame, sim_returns, training_mount
 
 
 def simulate_stacked_frame(sensor: str, seed: int, kind: str, frames: int, **sim_options: Any) -> Frame:
@@ -34,11 +33,11 @@ def simulate_stacked_frame(sensor: str, seed: int, kind: str, frames: int, **sim
     acc = Accumulator(frames)
     in_frame: list[np.ndarray] = []
     for f in drive:
-        pts = np.asarray(f.points, np.float32)
-        keep = np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
-        cloud = Cloud(np.ascontiguousarray(pts[keep]), None, None, int(round(f.stamp * 1e9)), "sensor")
+        keep = sim_returns(f)
+        cloud = Cloud(np.ascontiguousarray(np.asarray(f.points, np.float32)[keep]), None, None,
+                      int(round(f.stamp * 1e9)), "sensor")
         stacked = acc.add(cloud, np.asarray(f.pose, np.float64))
-        in_frame.append(np.asarray(f.time, np.float64)[keep] if f.time is not None else np.zeros(int(keep.sum())))
+        in_frame.append(np.asarray(f.time, np.float64)[keep])
     newest = drive[-1]
     ages = point_ages(stacked)
     if ages is None:  # a single frame
@@ -46,9 +45,7 @@ def simulate_stacked_frame(sensor: str, seed: int, kind: str, frames: int, **sim
     elif seed % 2:  # per-point times: a point's time is its frame's offset (-age) plus its time inside the frame
         ages = np.maximum(ages.astype(np.float64) - np.concatenate(in_frame), 0.0).astype(np.float32)
     pts = stacked.points
-    est = estimate_mount(pts)  # from the stacked cloud, as the pipeline levels it
-    if est is None or abs(est.height - newest.sensor_height) > 0.5:
-        est = Mount(float(newest.sensor_height), tuple(float(v) for v in np.asarray(newest.pose)[2, :3]))
+    est = training_mount(pts, newest)  # from the stacked cloud, as the pipeline levels it
     return Frame(np.ascontiguousarray(pts), np.asarray(newest.boxes, np.float32).reshape(-1, 7),
                  np.asarray(newest.labels, np.int64), est.height, np.asarray(est.up, np.float32), sensor,
                  np.ascontiguousarray(ages, dtype=np.float32))

@@ -35,8 +35,8 @@ from livox_infer.detector.boxes import points_in_boxes
 from livox_infer.detector.config import ModelConfig
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.options import parse_sim_options
-from livox_infer.ground import Mount, estimate_mount, level_boxes, level_points, levelling_rotation
-from livox_infer.training.frame import Frame, points_with_age
+from livox_infer.ground import Mount, level_boxes, level_points, levelling_rotation
+from livox_infer.training.frame import Frame, points_with_age, sim_returns, training_mount
 from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
@@ -76,12 +76,8 @@ def simulate_training_frame(sensor: str, seed: int, kind: str, **sim_options: An
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         f = simulate_frame(sensor, seed, scene=kind, **sim_options)
-    pts = np.asarray(f.points, np.float32)
-    keep = np.any(pts[:, :3] != 0, axis=1) & np.all(np.isfinite(pts), axis=1)
-    pts = pts[keep]
-    est = estimate_mount(pts)
-    if est is None or abs(est.height - f.sensor_height) > 0.5:
-        est = Mount(float(f.sensor_height), tuple(float(v) for v in np.asarray(f.pose)[2, :3]))
+    pts = np.asarray(f.points, np.float32)[sim_returns(f)]
+    est = training_mount(pts, f)
     return Frame(pts, np.asarray(f.boxes, np.float32).reshape(-1, 7), np.asarray(f.labels, np.int64),
                  est.height, np.asarray(est.up, np.float32), sensor)
 
