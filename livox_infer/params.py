@@ -107,8 +107,13 @@ PARAMS: tuple[Param, ...] = (
           "(BEV grid, classes, score thresholds, default weights).", applies=REBUILD),
     Param("weights", "string", "", "Path to .safetensors weights; empty = the model config's default.",
           applies=REBUILD),
-    Param("use_compile", "bool", True, "torch.compile the network: slower first frames, faster steady state.",
-          applies=REBUILD),
+    Param("use_compile", "bool", True, "Run the network compiled: the AOTInductor package built for this machine, "
+          "model, grid, weights and threads when there is one (`make setup` builds the presets'), else see "
+          "build_package. false: eager, no compile step.", applies=REBUILD),
+    Param("build_package", "bool", True, "With use_compile on a CPU and no matching package: true = detect eagerly at "
+          "once, build the package in a background process at the lowest CPU priority (20-60 s) and switch to it; "
+          "later starts load it (~2 s). false = torch.compile before the first detection (~10 s with a warm cache, "
+          "~45 s cold).", applies=REBUILD),
     # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     Param("aoti_package", "string", "", "AOTInductor package (.pt2) from `livox-infer export`: the network compiled "
           "ahead of time with its weights, no compiler needed; empty = off. Only packages listed in the export "
@@ -270,6 +275,7 @@ def pipeline_options(values: Mapping[str, Any]) -> dict[str, Any]:
             "weights": values["weights"] or None,
             "device": values["device"],
             "compile": bool(values["use_compile"]),
+            "build_package": bool(values.get("build_package", DEFAULTS["build_package"])),
             "aoti_package": values["aoti_package"] or None,
             "test_time_flip": bool(values["test_time_flip"]),
             "refine": bool(values["refine"]),

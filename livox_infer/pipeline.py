@@ -152,6 +152,10 @@ class DetectionPipeline:
         (`make package`, `livox-infer export --install`) when one matches the config, grid, weights, threads,
         CPU and torch version (`livox_infer.detector.aoti.find_package`), else torch.compile; the start-up
         summary says which and why. False: never a package.
+    build_package: with ``compile`` on a CPU and no package built for this machine: detect eagerly at once, build
+        the package in a background child process at the lowest CPU priority (`livox_infer.detector.package_build`)
+        and switch to it between two frames once it is built (every later start loads it). False: torch.compile
+        now, before the first detection (~10 s with a warm inductor cache, ~45 s cold, on 1 CPU core).
     test_time_flip: run the network on the frame and its mirror image (y -> -y) and average the
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
@@ -180,11 +184,15 @@ class DetectionPipeline:
         test_time_flip: bool = DEFAULTS["test_time_flip"],
         refine: bool = DEFAULTS["refine"],
         bev_extent: Any = None,
+        build_package: bool = False,
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
                                 aoti_package=aoti_package, test_time_flip=bool(test_time_flip),
-                                bev_extent=None if bev_extent is None else tuple(bev_extent))
+                                bev_extent=None if bev_extent is None else tuple(bev_extent),
+                                build_package=bool(build_package))
+        self._package_build = None  # PackageBuild while the package is being built in the background
+        self.package_build_error: str | None = None  # why the background build gave no package
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
@@ -197,6 +205,7 @@ class DetectionPipeline:
     # -- construction --------------------------------------------------------------------------
     def _build_network(self) -> None:
         p = self._net_params
+        self._stop_package_build()  # a build for the settings before a rebuild is not needed any more
         self.startup = StartupLog()  # phases of this build, for the log and the node's start-up line
         self.cfg = p["model"] if isinstance(p["model"], ModelConfig) else ModelConfig.load(p["model"])
         if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
@@ -218,9 +227,12 @@ class DetectionPipeline:
             log.info("pipeline ready: %s", self.startup.summary())
             return
         weights = Path(p["weights"]) if p["weights"] else self.cfg.weights_path()
-        if p["compile"] and self.device.type == "cpu" and p.get("aoti_package") is None and self._cached_package(weights):
-            log.info("pipeline ready: %s", self.startup.summary())
-            return
+        no_package = ""  # why no package was loaded (torch.compile or the background build follows)
+        if p["compile"] and self.device.type == "cpu" and p.get("aoti_package") is None:
+            no_package = self._cached_package(weights)
+            if not no_package:
+                log.info("pipeline ready: %s", self.startup.summary())
+                return
         with self.startup.phase("weights"):
             infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
         self.weights_file = weights
@@ -229,14 +241,100 @@ class DetectionPipeline:
         self._runner = infer
         self.compiled = False
         self.compile_error: str | None = None
-        if p["compile"]:
+        if no_package and p.get("build_package") and self._start_package_build(weights, no_package):
+            pass  # eager until the package is built (detect() switches to it)
+        elif p["compile"]:
+            if no_package:
+                self.startup.notes.append(f"torch.compile, since {no_package}")
             with self.startup.phase("compile"), self.startup.inductor_cache():
                 self._compile(infer)
         log.info("pipeline ready: %s", self.startup.summary())
 
-    def _cached_package(self, weights: Path) -> bool:
-        """Load the package built for this machine, config, grid and weights (True), or note why none is used (False:
-        torch.compile runs). One note either way, in the start-up summary (the node's and detect's ready line)."""
+    def _start_package_build(self, weights: Path, why: str) -> bool:
+        """Start building the package for this machine in the background (True), noting it in the start-up summary;
+        False (with the reason noted) when it cannot be built from here, so torch.compile runs instead."""
+        from livox_infer.cache import packages_dir
+        from livox_infer.detector import package_build
+        from livox_infer.detector.aoti import package_fields, package_name
+
+        source, extent = self.cfg.source, self._net_params.get("bev_extent")
+        try:
+            same = bool(source) and (ModelConfig.load(source) if extent is None else
+                                     ModelConfig.load(source).with_extent(extent)).architecture_hash() == \
+                self.cfg.architecture_hash()
+            if not same:
+                self.startup.notes.append("no background package build (the model config is not a file as given)")
+                return False
+            target = packages_dir() / package_name(package_fields(self.cfg, weights, self.device,
+                                                                  self._net_params["test_time_flip"]))
+            command = package_build.export_command(source, weights.resolve(), torch.get_num_threads(), extent,
+                                                   self._net_params["test_time_flip"])
+            self._package_build = package_build.PackageBuild(command, target)
+        except (OSError, LivoxInferError) as exc:
+            self.startup.notes.append(f"no background package build ({type(exc).__name__}: {exc})")
+            return False
+        self.startup.notes.append(f"eager until the AOTInductor package being built in the background is ready "
+                                  f"(pid {self._package_build.pid}), since {why}")
+        return True
+
+    def _stop_package_build(self) -> None:
+        build, self._package_build = getattr(self, "_package_build", None), None
+        if build is not None:
+            build.stop()
+
+    @property
+    def package_build_state(self) -> str | None:
+        """While the package is built in the background: what, by which process, for how long; else None."""
+        build = self._package_build
+        if build is None:
+            return None
+        return f"building {build.package.name} in the background ({build.elapsed_s():.0f} s, log {build.log_path})"
+
+    def close(self) -> None:
+        """Stop a background package build (it also ends with this process)."""
+        self._stop_package_build()
+
+    def _adopt_built_package(self) -> None:
+        """Between two frames: switch to the package once the background build has made it (one log line either way)."""
+        build = self._package_build
+        state = build.poll()
+        if state is None:
+            return
+        self._package_build = None
+        if state:
+            self.package_build_error = state
+            log.warning("the AOTInductor package was not built in the background (%s; log %s): the network stays "
+                        "eager", state, build.log_path)
+            self.startup.notes.append(f"background package build failed: {state}")
+            return
+        weights = self.weights_file
+        try:
+            t0 = time.perf_counter()
+            self._load_package(build.package, weights)
+            self.self_test()
+        except Exception as exc:  # noqa: BLE001 - whatever stops the package: keep the eager network
+            self.package_build_error = f"{type(exc).__name__}: {exc}"
+            log.warning("the AOTInductor package built in the background did not load (%s): the network stays eager",
+                        self.package_build_error)
+            self._restore_eager(weights)
+            return
+        note = (f"switched to the AOTInductor package {build.package.name} built in the background, "
+                f"{build.elapsed_s():.0f} s after start-up (loaded in {time.perf_counter() - t0:.1f} s)")
+        self.startup.notes.append(note)
+        log.info("%s", note)
+
+    def _restore_eager(self, weights: Path) -> None:
+        infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device,
+                                                         self._net_params["test_time_flip"])
+        self.weights_file = weights
+        self._stage2 = infer.net if self.cfg.refine else None
+        self._eager = self._runner = infer
+        self.compiled = False
+        self.network_backend = "eager"
+
+    def _cached_package(self, weights: Path) -> str:
+        """Load the package built for this machine, config, grid and weights (""), or say why none is used (torch.compile
+        or the background build follows). A loaded package is noted in the start-up summary (the ready line)."""
         from livox_infer.detector.aoti import find_package, package_fields
 
         try:
@@ -250,11 +348,10 @@ class DetectionPipeline:
                 with self.startup.phase("aoti package"):
                     self._load_package(path, weights)
                 self.startup.notes.append(f"AOTInductor package {path.name} (built for this machine)")
-                return True
+                return ""
             except Exception as exc:  # noqa: BLE001 - whatever stops the package: torch.compile instead
                 why = f"the package {path} built for this machine did not load ({type(exc).__name__}: {exc})"
-        self.startup.notes.append(f"torch.compile, since {why}")
-        return False
+        return why
 
     def _load_package(self, path: Path, weights: Path | None = None) -> None:
         from livox_infer.detector.aoti import AotiRunner, file_sha256
@@ -342,7 +439,8 @@ class DetectionPipeline:
     def update(self, **params: Any) -> None:
         """Change parameters at run time. model/weights/device/compile/cuda_graphs rebuild the network;
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
-        net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent"}
+        net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent",
+                    "build_package"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections", "refine", "max_points",
@@ -482,6 +580,8 @@ class DetectionPipeline:
 
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
+        if self._package_build is not None:  # built in the background: use it from this frame on
+            self._adopt_built_package()
         t0 = time.perf_counter()
         cloud, over_budget = limit_points(_as_cloud(x, self.filters), self._params["max_points"])
         t1 = time.perf_counter()

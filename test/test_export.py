@@ -184,3 +184,34 @@ def test_loading_skips_torchs_cpu_isa_probe(package, monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         AotiRunner(pkg, cfg, torch.device("cpu"))
     assert "this machine is riscv64 RVV: re-export it here" in caplog.text
+
+
+def test_pipeline_builds_its_package_in_the_background_and_switches_to_it(package, tmp_path, monkeypatch):
+    """build_package (the node's default): eager at once, the package for this machine built by a niced child, the
+    pipeline on it from the next frame after, the same detections; a second pipeline loads it at start-up."""
+    import time
+
+    cfg_path, weights, _ = package
+    monkeypatch.setenv("LIVOX_INFER_CACHE_DIR", str(tmp_path / "cache"))  # no package there yet
+    rng = np.random.default_rng(0)
+    cloud = np.c_[rng.uniform(0, 25, (3000, 2)) * [1, 1] - [0, 12], rng.uniform(-1.5, 1.0, 3000),
+                  rng.uniform(0, 255, 3000)].astype(np.float32)
+    pipe = DetectionPipeline(cfg_path, weights=weights, compile=True, build_package=True, sensor_height=1.5,
+                             device="cpu")
+    assert pipe.network_backend == "eager" and pipe.package_build_state is not None
+    child = pipe._package_build.proc
+    eager = pipe.detect(cloud)
+    t0 = time.monotonic()
+    while pipe.network_backend == "eager":
+        assert pipe.package_build_error is None, pipe.package_build_error
+        assert time.monotonic() - t0 < 300, "no package after 5 min"
+        time.sleep(0.5)
+        pipe.detect(cloud)
+    assert child.poll() == 0 and pipe.package_build_state is None
+    assert "switched to the AOTInductor package" in pipe.startup.summary()
+    b = pipe.detect(cloud)
+    assert len(eager) > 0 and len(b) == len(eager)
+    assert np.allclose(eager.boxes, b.boxes, atol=1e-4) and np.allclose(eager.scores, b.scores, atol=1e-5)
+    again = DetectionPipeline(cfg_path, weights=weights, compile=True, build_package=True, sensor_height=1.5,
+                              device="cpu")
+    assert again.network_backend == "aoti" and again.package_build_state is None

@@ -462,6 +462,8 @@ def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
     from livox_infer.ros.warmup import describe_start
 
     values = {p.name: p.default for p in PARAMS}
+    assert "eager at once while that package is built in the background" in describe_start(values)  # the default
+    values["build_package"] = False
     cache = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     assert "no warm compile cache in" in describe_start(values) and str(cache) in describe_start(values)

@@ -33,6 +33,7 @@ OLD_COMMON = {
     **{f"score_threshold_{c}": t for c, t in zip(ModelConfig.load("lite").classes, ModelConfig.load("lite").score_thresholds)},
     "sensor_height": 1.8, "tag_filter": "high_confidence", "test_time_flip": False, "threads": 1,
     "use_compile": True, "weights": "",
+    "build_package": True,  # issue 33: without a matching package, eager at once while it is built in the background
     # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
     "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 8, "tracking_coast_frames": 3,
     "tracking_gate_car": 2.5, "tracking_gate_pedestrian": 1.2, "tracking_gate_cyclist": 1.8,

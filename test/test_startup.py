@@ -79,6 +79,27 @@ def test_bench_startup_times_node_start_to_first_detection():
     assert float(rows[0].split("|")[3]) > 0
 
 
+@pytest.mark.slow  # a node builds its package in the background (~40-60 s), then a second start loads it
+@pytest.mark.ros
+def test_a_new_node_detects_at_once_and_a_restart_loads_the_package_it_built():
+    """`livox-infer bench startup --modes new,restart`: the node's defaults on a machine without a package (the
+    bench's empty cache folder): eager detections within seconds, then the node's line that the package built in the
+    background runs; the next start loads that package."""
+    pytest.importorskip("rclpy")
+    pytest.importorskip("vision_msgs.msg")
+    out = subprocess.run([sys.executable, "-m", "livox_infer.tools.cli", "bench", "startup", "--modes", "new,restart",
+                          "--threads", "1", "--timeout", "400"], capture_output=True, text=True, timeout=900,
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if line.startswith("| ") and "|---" not in line][1:]
+    assert [r[0] for r in rows] == ["new", "restart"], out.stdout
+    new, restart = rows
+    assert "eager until the AOTInductor package being built in the background is ready" in new[4]
+    assert float(new[2]) < float(new[3])  # detections came before the package did
+    assert "AOTInductor package lite.cpu." in restart[4] and "(built for this machine)" in restart[4]
+
+
 def test_node_says_ready_once_with_the_phases_and_the_bench_reads_that_line():
     """One event, one line: `pipeline ready after N s (<phases>)` (there used to be a second `start-up:` line)."""
     from livox_infer.bench.startup import STARTUP_RE

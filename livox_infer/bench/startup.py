@@ -1,15 +1,19 @@
-"""``livox-infer bench startup``: node start to first detection, cold cache, warm cache, AOTInductor package, eager.
+"""``livox-infer bench startup``: node start to first detection on a new machine, a restart, torch.compile cold and
+warm, an exported AOTInductor package, eager.
 
 Each row starts ``livox-infer run --sensor S`` (the node, a fresh process), publishes a simulated cloud of that
 sensor every 100 ms and times spawn -> first ``~/detections`` message; the node's own ready line (phases, inductor
-cache hits / misses, which network runs and why) is shown beside it. All rows use one livox_infer cache folder
-(``--cache-dir``, default a new empty one, so ``cold`` is really cold):
+cache hits / misses, which network runs and why) is shown beside it. Each kind of start has its own livox_infer cache
+folder under ``--cache-dir`` (default a new empty one), so the first of its rows starts from nothing:
 
-- ``cold``: torch.compile with an empty inductor cache;  ``warm``: the same again, a second start on this machine;
-- ``package``: ``livox-infer export --install --sensor S`` into that folder first (timed, once per machine, as
-  ``make package`` does), then the node finds the package by itself; ``--aoti-package`` names one instead;
+- ``new``: the node's defaults on a machine without a package (an empty cache folder): eager at once while the package
+  is built in the background (``build_package``); the row also times spawn -> the node's "network now ... (aoti)" line;
+- ``restart``: the same folder again: a later start, which loads the package ``new`` built;
+- ``cold`` / ``warm``: ``build_package:=false``, so torch.compile in the node, with an empty inductor cache and then
+  with the one ``cold`` left;
+- ``package``: ``livox-infer export --install --sensor S`` into its folder first (timed, once per machine, as
+  ``make setup`` does), then the node finds the package by itself; ``--aoti-package`` names one instead;
 - ``eager``: ``--use-compile false``.
-The compiled rows see no package (their cache folder has none), so they time torch.compile.
 """
 
 from __future__ import annotations
@@ -30,14 +34,15 @@ from livox_infer.params import add_cli_options, parse_bool
 from livox_infer.threads import add_threads_argument
 
 STARTUP_RE = re.compile(r"pipeline ready after [\d.]+ s \((.*)\)$", re.MULTILINE)  # the node's one ready line
-MODES = ("cold", "warm", "package", "eager")
+MODES = ("new", "restart", "cold", "warm", "package", "eager")
+SWITCH_RE = re.compile(r"network now \S+ \(aoti\)|no AOTInductor package from the background build")  # node.py
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=",".join(MODES), help="comma list of %(default)s (in this order)")
-    p.add_argument("--runs", type=int, default=1, help="starts per mode (default 1; cold is always one)")
+    p.add_argument("--runs", type=int, default=1, help="starts per mode (default 1; new and cold are always one)")
     p.add_argument("--cache-dir", default=None,
-                   help="livox_infer cache folder for every row (default: a new empty one, removed afterwards)")
+                   help="folder for the rows' livox_infer cache folders (default: a new empty one, removed afterwards)")
     add_cli_options(p, ("sensor", "compile"))
     # the node parameter's spelling, kept for the commands in the docs
     p.add_argument("--use-compile", dest="compile", type=parse_bool, metavar="{true,false}",
@@ -47,29 +52,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
-def _node_command(args: argparse.Namespace, topic: str, name: str, compile_: bool, package: str | None) -> list[str]:
+def _node_command(args: argparse.Namespace, topic: str, name: str, compile_: bool, params: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "livox_infer.tools.cli", "run", "--sensor", args.sensor, "--device", "cpu",
            "--compile" if compile_ else "--no-compile", "--input-topic", topic, "--node-name", name,
            "--threads", str(args.threads)]
-    if package:
-        cmd += ["--ros-args", "-p", f"aoti_package:={os.path.abspath(package)}"]
+    if params:
+        cmd += ["--ros-args", *[a for p in params for a in ("-p", p)]]
     return cmd
 
 
-def _env(root: Path, packages: bool, own_manifest: bool) -> dict[str, str]:
-    """The environment of one row: inductor's cache in ``root``; packages found in ``root`` only when asked; the
-    trusted-package manifest in ``root`` too when the bench exports its own package (the user's stays untouched)."""
+def _env(folder: Path, own_manifest: bool) -> dict[str, str]:
+    """The environment of one kind of start: its own livox_infer cache folder (inductor's cache and the packages in
+    it); the trusted-package manifest there too unless the user named a package (the user's stays untouched)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0",
-               TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
-               LIVOX_INFER_CACHE_DIR=str(root if packages else root / "no_packages"))
+               TORCHINDUCTOR_CACHE_DIR=str(folder / "inductor"), LIVOX_INFER_CACHE_DIR=str(folder))
     if own_manifest:
-        env["LIVOX_INFER_AOTI_MANIFEST"] = str(root / "aoti_manifest.json")
+        env["LIVOX_INFER_AOTI_MANIFEST"] = str(folder / "aoti_manifest.json")
     return env
 
 
 def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, cloud, compile_: bool = True,
-                   package: str | None = None) -> tuple[float | None, str]:
-    """(seconds from spawn to the first detections message or None on timeout, the node's start-up line)."""
+                   params: list[str] | None = None, wait_for_package: bool = False
+                   ) -> tuple[float | None, float | None, str]:
+    """(seconds from spawn to the first detections message or None on timeout, with ``wait_for_package`` seconds to
+    the node's line that the package built in the background runs (None: not within the timeout), the node's
+    start-up line)."""
     import rclpy
     from sensor_msgs.msg import PointCloud2
     from vision_msgs.msg import Detection3DArray
@@ -82,17 +89,20 @@ def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, clou
     pub = node.create_publisher(PointCloud2, topic, 10)
     lines: list[str] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen(_node_command(args, topic, name, compile_, package), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_node_command(args, topic, name, compile_, params or []), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
-    elapsed = None
+    elapsed = switched = None
     try:
         while time.monotonic() - t0 < args.timeout and proc.poll() is None:
             pub.publish(cloud)
             rclpy.spin_once(node, timeout_sec=0.1)
-            if first.is_set():
+            if first.is_set() and elapsed is None:
                 elapsed = time.monotonic() - t0
+            if elapsed is not None and wait_for_package and SWITCH_RE.search("".join(lines)):
+                switched = time.monotonic() - t0
+            if elapsed is not None and (not wait_for_package or switched is not None):
                 break
     finally:
         if proc.poll() is None:
@@ -104,11 +114,16 @@ def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, clou
                 proc.wait()
         reader.join(timeout=5)
         node.destroy_node()
-    match = STARTUP_RE.search("".join(lines))
+    text = "".join(lines)
+    match = STARTUP_RE.search(text)
     if match is None and elapsed is None:
-        tail = "".join(lines).strip().splitlines()[-1:] or ["no output"]
-        return None, f"node failed: {tail[0]}"
-    return elapsed, match.group(1) if match else "?"
+        tail = text.strip().splitlines()[-1:] or ["no output"]
+        return None, None, f"node failed: {tail[0]}"
+    said = match.group(1) if match else "?"
+    failed = re.search(r"no AOTInductor package from the background build \((.*)\)", text)
+    if failed:
+        switched, said = None, f"{said}; background build failed: {failed.group(1)}"
+    return elapsed, switched, said
 
 
 def export_package(args: argparse.Namespace, env: dict[str, str]) -> tuple[float, str]:
@@ -147,7 +162,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         for mode in modes:
             package = args.aoti_package if mode == "package" else None
-            env = _env(root, packages=(mode == "package"), own_manifest=not args.aoti_package)
+            family = {"restart": "new", "warm": "cold"}.get(mode, mode)  # a second start reuses the first one's folder
+            env = _env(root / family, own_manifest=not package)
+            params = [f"aoti_package:={os.path.abspath(package)}"] if package else []
+            if mode in ("cold", "warm"):
+                params.append("build_package:=false")
             if mode == "package" and not package:
                 try:
                     seconds, said = export_package(args, env)
@@ -156,10 +175,12 @@ def main(args: argparse.Namespace) -> int:
                     return 1
                 notes.append(f"package built first in {seconds:.1f} s (`livox-infer export --model lite --sensor "
                              f"{args.sensor} --install --threads {args.threads}`: {said.split(';')[0]})")
-            for run in range(1 if mode == "cold" else args.runs):
-                elapsed, startup = time_one_start(args, env, f"{mode}{run}", cloud, compile_=(mode != "eager"),
-                                                  package=package)
-                rows.append([mode, run + 1, f"{elapsed:.1f}" if elapsed is not None else "timeout", startup])
+            for run in range(1 if mode in ("new", "cold") else args.runs):
+                elapsed, switched, startup = time_one_start(args, env, f"{mode}{run}", cloud,
+                                                            compile_=(mode != "eager"), params=params,
+                                                            wait_for_package=(mode == "new"))
+                rows.append([mode, run + 1, f"{elapsed:.1f}" if elapsed is not None else "timeout",
+                             "" if mode != "new" else f"{switched:.1f}" if switched is not None else "-", startup])
     finally:
         rclpy.try_shutdown()
         if scratch is not None:
@@ -169,5 +190,6 @@ def main(args: argparse.Namespace) -> int:
           f"cores, load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for note in notes:
         print(note)
-    print(format_table(["start", "run", "first detection s", "node start-up phases (its ready line)"], rows))
-    return 0 if all(r[2] != "timeout" for r in rows) else 1
+    print(format_table(["start", "run", "first detection s", "package in use s", "node start-up phases (its ready line)"],
+                       rows))
+    return 0 if all(r[2] != "timeout" and r[3] != "-" for r in rows) else 1

@@ -41,6 +41,13 @@ WARN_THROTTLE_S = 5.0
 _console = logging.getLogger("livox_infer.ros.node")  # stderr only (Python logging), never /rosout
 
 
+def _close(pipeline) -> None:
+    """Stop what a pipeline that is being dropped still runs (its background package build)."""
+    close = getattr(pipeline, "close", None)
+    if close is not None:
+        close()
+
+
 def validate_params(values: dict[str, Any], params: tuple[Param, ...] | None = None) -> str | None:
     """livox_infer.params.validate, plus what only the node can check (an installed interface package)."""
     reason = param_model.validate(values, params)
@@ -283,7 +290,9 @@ class DetectorNode(Node):
             self._tf.close()
             self._tf = None
         with getattr(self, "_pipeline_lock", threading.Lock()):
+            _close(self._pipeline)
             self._pipeline = None
+            self._backend_said = None
         self._configured = False
 
     def _input_topics(self) -> list[str]:
@@ -388,6 +397,8 @@ class DetectorNode(Node):
                 new_pipeline = self._factory({**pipeline_options(candidate), **self._rig_options})
                 with self._pipeline_lock:
                     old, self._pipeline = self._pipeline, new_pipeline
+                    self._backend_said = None
+                _close(old)
                 del old
                 self.get_logger().info(f"pipeline rebuilt for {sorted(changed & REBUILD_PARAMS)}")
             else:
@@ -556,6 +567,7 @@ class DetectorNode(Node):
             self._restart_scene_on_time_jump_back(msg)
             with self._pipeline_lock:
                 dets = self._pipeline.detect(msg)
+                self._say_network_change()
             self._tracking.annotate(dets, msg, self._values["frame_id"] or None)  # track ids, ~/tracked_objects
             return dets
         except PointCloudError as exc:
@@ -567,6 +579,22 @@ class DetectorNode(Node):
             self.get_logger().error(f"detection failed: {type(exc).__name__}: {exc}",
                                     throttle_duration_sec=WARN_THROTTLE_S)
         return None
+
+    def _say_network_change(self) -> None:
+        """One line when the network the pipeline runs changes under a running node (the package built in the
+        background takes over from the eager network, or that build failed: docs/performance.md, Start-up)."""
+        backend, error = self._describe_backend(), getattr(self._pipeline, "package_build_error", None)
+        said = getattr(self, "_backend_said", None)
+        if said is None or said == (backend, error):
+            self._backend_said = (backend, error)
+            return
+        self._backend_said = (backend, error)
+        if error and error != said[1]:
+            self.get_logger().warning(f"no AOTInductor package from the background build ({error}): the network "
+                                      f"stays {backend}")
+        else:
+            notes = getattr(getattr(self._pipeline, "startup", None), "notes", None) or ["(no note)"]
+            self.get_logger().info(f"network now {backend}: {notes[-1]}")
 
     def _count_over_budget(self, dets) -> None:
         thinned = int(getattr(dets, "points_over_budget", 0) or 0)
@@ -698,6 +726,11 @@ class DetectorNode(Node):
         compile_error = getattr(self._pipeline, "compile_error", None)
         if compile_error:
             values["compile_error"] = compile_error
+        building = getattr(self._pipeline, "package_build_state", None)
+        if building:
+            values["package_build"] = building
+        elif getattr(self._pipeline, "package_build_error", None):
+            values["package_build"] = f"failed: {self._pipeline.package_build_error}"
         if snap["failed"]:
             level, message = "error", f"pipeline errors: {snap['failed']} (last: {snap['last_error']})"
         elif snap["rejected"]:

@@ -32,6 +32,9 @@ def describe_start(values: dict[str, Any]) -> str:
         return f"building {what}, eager (use_compile false: no compile step)"
     from livox_infer.cache import packages_dir
 
+    if values.get("build_package", True):
+        return (f"building {what}: the AOTInductor package built for this machine if one in {packages_dir()} "
+                "matches, else eager at once while that package is built in the background (build_package)")
     cache, warm = compile_cache_state()
     package = f"the AOTInductor package built for this machine if one in {packages_dir()} matches, else torch.compile"
     if warm:

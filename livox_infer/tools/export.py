@@ -93,6 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-time-flip", action="store_true",
                    help="bake in test-time flipping (frame + mirror image, averaged); the pipeline must set it too")
     p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
+    # the pipeline's background build (livox_infer/detector/package_build.py): lowest priority, ends with that process
+    p.add_argument("--background-of", type=int, default=None, metavar="PID", help=argparse.SUPPRESS)
     add_threads_argument(p)  # inductor bakes the thread count into the package's kernels
 
 
@@ -116,18 +118,35 @@ def main(args: argparse.Namespace) -> int:
         weights = Path(args.weights) if args.weights else cfg.weights_path()
         sensor = f".{args.sensor}" if args.sensor and args.bev_extent is None else ""
         out = None if args.install else Path(args.out or f"{cfg.name}{sensor}.{str(args.device).split(':')[0]}.pt2")
-        if args.if_missing and not args.install:
+        if (args.if_missing or args.background_of) and not args.install:
             raise ConfigError("--if-missing goes with --install")
-        if args.if_missing:
-            from livox_infer.detector.aoti import find_package, package_fields
+        if args.if_missing or args.background_of:
+            from livox_infer.detector.aoti import find_package, package_fields, package_name
             from livox_infer.voxelize.voxelizer import resolve_device
 
-            found, _ = find_package(package_fields(cfg, weights, resolve_device(args.device), args.test_time_flip))
+            fields = package_fields(cfg, weights, resolve_device(args.device), args.test_time_flip)
+            found, _ = find_package(fields)
             if found is not None:
                 print(f"{found} matches already (model, grid, weights, threads, CPU, torch): nothing to do")
                 return 0
         t0 = time.time()
-        path = export_package(cfg, weights, out, args.device, args.test_time_flip)
+        if args.background_of:
+            from livox_infer.cache import packages_dir
+            from livox_infer.detector import package_build
+
+            if not package_build.become_background_of(args.background_of):
+                print(f"process {args.background_of} has ended: no background build")
+                return 0
+            target = packages_dir() / package_name(fields)
+            if not package_build.take_lock(target):
+                print(f"another process builds {target} already (lock {package_build.lock_path(target)})")
+                return package_build.LOCKED_EXIT
+            try:
+                path = export_package(cfg, weights, out, args.device, args.test_time_flip)
+            finally:
+                package_build.release_lock(target)
+        else:
+            path = export_package(cfg, weights, out, args.device, args.test_time_flip)
         (x0, x1), (y0, y1) = cfg.grid.x_range, cfg.grid.y_range
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, grid x {x0:g}..{x1:g} m, y {y0:g}..{y1:g} m, "
               f"{torch.get_num_threads()} threads) in {time.time() - t0:.0f} s; its sha256 is recorded as trusted in "
