@@ -162,6 +162,12 @@ PARAMS: tuple[Param, ...] = (
           "confirmed (gets its id on ~/detections and is published).", range=(1, 20), applies=NODE),
     Param("tracking_max_misses", "int", TRACKER_DEFAULTS.max_misses, "Frames a confirmed track survives without a "
           "detection (predicted; then it ends and its object would get a new id).", range=(0, 50), applies=NODE),
+    Param("tracking_confirm_score", "double", TRACKER_DEFAULTS.confirm_score, "A detection scoring at least this "
+          "confirms its track at once (scores are calibrated: the share of such boxes that are right); the others "
+          "wait for tracking_confirm_hits (1 = all of them).", range=(0.0, 1.0), applies=NODE),
+    Param("tracking_low_score", "double", 0.1, "Boxes scoring below their class's score_threshold but at least this "
+          "continue confirmed tracks (not published as detections, never start a track; ByteTrack's second "
+          "association); 1 = off.", range=(0.0, 1.0)),
     Param("tracking_coast_frames", "int", TRACKER_DEFAULTS.coast_frames, "Frames a confirmed track without a "
           "detection is still published, at its predicted place (at most tracking_max_misses).", range=(0, 50),
           applies=NODE),
@@ -287,6 +293,9 @@ def pipeline_options(values: Mapping[str, Any]) -> dict[str, Any]:
             "intensity_scale": float(values["intensity_scale"]),
             "sensor_height": "auto" if values["estimate_ground"] else float(values["sensor_height"]),
             "bev_extent": tuple(float(v) for v in extent) if extent else None,
+            # the tracker's second association (livox_infer/tracking/tracker.py) takes the boxes scoring below
+            "candidate_score": (float(values.get("tracking_low_score", DEFAULTS["tracking_low_score"]))
+                                if values.get("tracking", DEFAULTS["tracking"]) else None),
         }
     except KeyError as exc:
         raise ConfigError(f"sensor parameters lack {exc}") from None

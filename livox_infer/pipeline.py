@@ -76,6 +76,11 @@ class Detections:
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
     points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
+    # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) after the same NMS,
+    # (N, 7) f32 / (N,) int64 / (N,) f32 as above; not detections: the tracker may continue a confirmed track with one
+    candidate_boxes: np.ndarray | None = None
+    candidate_labels: np.ndarray | None = None
+    candidate_scores: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.boxes.shape[0])
@@ -160,6 +165,8 @@ class DetectionPipeline:
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
         the model has one; False skips it (faster, less accurate). Changes at run time.
+    candidate_score: also return the boxes scoring in [this, their class's threshold) after the same NMS, as
+        ``Detections.candidate_*`` (the tracker continues confirmed tracks with them); None (default): none.
     """
 
     def __init__(
@@ -184,6 +191,7 @@ class DetectionPipeline:
         test_time_flip: bool = DEFAULTS["test_time_flip"],
         refine: bool = DEFAULTS["refine"],
         bev_extent: Any = None,
+        candidate_score: float | None = None,
         build_package: bool = False,
     ) -> None:
         self._params: dict[str, Any] = {}
@@ -198,7 +206,7 @@ class DetectionPipeline:
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
             roi=roi, tag_filter=tag_filter, max_range=max_range, min_range=min_range, nms_iou=nms_iou,
-            max_detections=max_detections, refine=refine, max_points=max_points,
+            max_detections=max_detections, refine=refine, max_points=max_points, candidate_score=candidate_score,
         )
         self.self_test()
 
@@ -443,7 +451,7 @@ class DetectionPipeline:
                     "build_package"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
-            "min_range", "nms_iou", "max_detections", "refine", "max_points",
+            "min_range", "nms_iou", "max_detections", "refine", "max_points", "candidate_score",
         }
         unknown = sorted(set(params) - all_keys)
         if unknown:
@@ -496,6 +504,10 @@ class DetectionPipeline:
         if not isinstance(refine, bool):
             raise ConfigError(f"refine must be true or false, got {refine!r}")
         new["refine"] = refine
+        cand = new.get("candidate_score")
+        if cand is not None and (isinstance(cand, bool) or not isinstance(cand, (int, float)) or not 0.0 <= cand <= 1.0):
+            raise ConfigError(f"candidate_score must be None or a score in [0, 1], got {cand!r}")
+        new["candidate_score"] = None if cand is None else float(cand)
         mp = new.get("max_points")
         new["max_points"] = check_max_points(DEFAULT_MAX_POINTS if mp is None else mp)
         self.filters = DecodeFilter.from_roi(
@@ -609,14 +621,17 @@ class DetectionPipeline:
         t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
             scores = calibrate_scores(scores.float(), labels, self._calibration)
+        thresholds, low = p["score_thresholds"], p["candidate_score"]
         scores, labels, boxes = select_detections(
-            scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
-            self.cfg.cross_class_iou,
+            scores.float(), labels, boxes.float(), thresholds if low is None else [min(low, t) for t in thresholds],
+            p["nms_iou"], p["max_detections"], self.cfg.cross_class_iou,
         )
-        boxes_np = unlevel_boxes(boxes.cpu().numpy(), mount)
-        boxes_np[:, 6] = axis_angle(boxes_np[:, 6]).astype(np.float32)
-        labels_np = labels.cpu().numpy().astype(np.int64)
-        scores_np = scores.cpu().numpy().astype(np.float32)
+        candidates = None
+        if low is not None:  # NMS is greedy by score: the boxes above the thresholds are the ones it keeps without them
+            above = scores >= scores.new_tensor(thresholds)[labels]
+            candidates = self._numpy_boxes(scores[~above], labels[~above], boxes[~above], mount)
+            scores, labels, boxes = scores[above], labels[above], boxes[above]
+        scores_np, labels_np, boxes_np = self._numpy_boxes(scores, labels, boxes, mount)
         t4 = time.perf_counter()
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731
         timings = {
@@ -629,6 +644,15 @@ class DetectionPipeline:
             class_names=tuple(self.cfg.classes), stamp_ns=cloud.stamp_ns, frame_id=cloud.frame_id,
             sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, num_points=int(cloud.points.shape[0]),
             points_over_budget=over_budget,
+            **({} if candidates is None else dict(candidate_scores=candidates[0], candidate_labels=candidates[1],
+                                                   candidate_boxes=candidates[2])),
         )
+
+    @staticmethod
+    def _numpy_boxes(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, mount: Mount):
+        """(scores f32, labels int64, boxes f32 in the input cloud's frame) as numpy arrays."""
+        boxes_np = unlevel_boxes(boxes.cpu().numpy(), mount)
+        boxes_np[:, 6] = axis_angle(boxes_np[:, 6]).astype(np.float32)
+        return scores.cpu().numpy().astype(np.float32), labels.cpu().numpy().astype(np.int64), boxes_np
 
     __call__ = detect

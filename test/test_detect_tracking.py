@@ -22,7 +22,8 @@ def test_detect_on_a_bag_writes_track_ids_and_velocities(tmp_path):
     rows = _rows(out)
     assert len(rows) == 10
     assert all("track_id" in b for r in rows for b in r["boxes"])
-    assert all(b["track_id"] == 0 for b in rows[0]["boxes"])  # nothing confirmed in the first frame
+    # the first frame: only boxes scoring at least tracking_confirm_score (0.7) are confirmed at once
+    assert rows[0]["boxes"] and all((b["track_id"] != 0) == (b["score"] >= 0.7) for b in rows[0]["boxes"])
     ids = [b["track_id"] for r in rows for b in r["boxes"] if b["track_id"]]
     counts = np.bincount(ids)
     assert counts.max() >= 8  # an object followed over (nearly) the whole drive under one id

@@ -57,7 +57,7 @@ def _feed(pub, out, k, centre, timeout_s=10.0):
 
 
 def test_a_moving_car_keeps_its_id_and_gets_its_velocity(ros):
-    node, pub, out = _start(ros)
+    node, pub, out = _start(ros, tracking_confirm_score=0.95)  # the fake's 0.9 boxes confirm by hits
     speed = 8.0  # m/s along +x: 0.8 m per 100 ms frame
     dets = [_feed(pub, out, k, (10.0 + 0.8 * k, 2.0, -0.5)) for k in range(12)]
     assert dets[0].detections[0].id == ""  # tentative: no id before tracking_confirm_hits (2) detections

@@ -36,6 +36,7 @@ OLD_COMMON = {
     "build_package": True,  # issue 33: without a matching package, eager at once while it is built in the background
     # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
     "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 8, "tracking_coast_frames": 3,
+    "tracking_confirm_score": 0.7, "tracking_low_score": 0.1,  # confirmation by score, second association
     "tracking_gate_car": 2.5, "tracking_gate_pedestrian": 1.2, "tracking_gate_cyclist": 1.8,
     "tracking_gate_truck": 3.5, "tracking_gate_bus": 3.5,
     # issue 31: TF (livox_infer/ros/tf.py), off by default

@@ -270,3 +270,23 @@ def test_a_pipeline_whose_network_computes_garbage_is_refused(small_model, tmp_p
         good.update(weights=bad)
     pts = synthetic_frame(good.grid)
     assert pts.dtype == np.float32 and np.array_equal(pts, synthetic_frame(good.grid))
+
+
+def test_candidates_below_the_thresholds_leave_the_detections_as_they_are():
+    """candidate_score (the tracker's second association): the same detections as without it, and beside them the
+    boxes scoring in [candidate_score, their class's threshold) after the same NMS."""
+    from livox_infer.sim.simulate import simulate_frame
+
+    f = simulate_frame("avia", 5, scene="street")
+    pipe = DetectionPipeline("lite", compile=False, sensor_height=float(f.sensor_height))
+    plain = pipe.detect(f.points)
+    assert plain.candidate_boxes is None
+    pipe.update(candidate_score=0.05)
+    both = pipe.detect(f.points)
+    assert np.array_equal(both.boxes, plain.boxes) and np.array_equal(both.scores, plain.scores)
+    assert np.array_equal(both.labels, plain.labels)
+    thr = np.asarray(pipe.params["score_thresholds"])[both.candidate_labels]
+    assert len(both.candidate_scores) > 0 and both.candidate_boxes.shape == (len(both.candidate_scores), 7)
+    assert np.all(both.candidate_scores >= 0.05) and np.all(both.candidate_scores < thr)
+    with pytest.raises(ConfigError, match="candidate_score"):
+        pipe.update(candidate_score=1.5)

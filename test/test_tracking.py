@@ -19,14 +19,22 @@ def _box(x, y, yaw=0.0, label=CAR):
     return [x, y, -1.0, *size, yaw]
 
 
-def _run(tracker, frames, poses=None):
-    """frames: list of [(x, y, yaw, label), ...] -> list of TrackFrame."""
+def _arrays(dets, score):
+    """[(x, y, yaw, label[, score]), ...] -> boxes, labels, scores (``score`` where a detection names none)."""
+    boxes = np.array([_box(*d[:4]) for d in dets], np.float32).reshape(-1, 7)
+    labels = np.array([d[3] for d in dets], np.int64)
+    scores = np.array([d[4] if len(d) > 4 else score for d in dets], np.float32)
+    return boxes, labels, scores
+
+
+def _run(tracker, frames, poses=None, candidates=None, score=0.5):
+    """frames: list of [(x, y, yaw, label[, score]), ...] -> list of TrackFrame; ``candidates``: the same per frame,
+    the low-scored boxes of the second association. Detections score 0.5 unless given: below the default
+    confirm_score (0.7), so tracks confirm by hits."""
     out = []
     for k, dets in enumerate(frames):
-        boxes = np.array([_box(x, y, yaw, lab) for x, y, yaw, lab in dets], np.float32).reshape(-1, 7)
-        labels = np.array([d[3] for d in dets], np.int64)
-        scores = np.full(len(dets), 0.8, np.float32)
-        out.append(tracker.update(boxes, labels, scores, T0 + k * DT_NS, None if poses is None else poses[k]))
+        low = None if candidates is None else _arrays(candidates[k], 0.2)
+        out.append(tracker.update(*_arrays(dets, score), T0 + k * DT_NS, None if poses is None else poses[k], low))
     return out
 
 
@@ -62,6 +70,38 @@ def test_confirmation_needs_hits_and_tentative_ids_stay_off_detections():
     out = _run(Tracker(TrackerConfig(confirm_hits=3)), [[(10, 0, 0, CAR)]] * 4)
     assert [len(f.track_ids) for f in out] == [0, 0, 1, 1]
     assert [int(f.detection_track_ids[0]) for f in out] == [0, 0, 1, 1]
+
+
+def test_a_high_score_confirms_at_once():
+    """A detection scoring at least confirm_score (calibrated: that share of such boxes is right) confirms its track
+    in its first frame; lower ones wait for confirm_hits."""
+    frames = [[(10, 0, 0, CAR, 0.9), (30, 5, 0, CAR, 0.6)]] * 3
+    out = _run(Tracker(TrackerConfig(confirm_hits=2, confirm_score=0.7)), frames)
+    assert out[0].track_ids.tolist() == [1] and out[0].detection_track_ids.tolist() == [1, 0]
+    assert out[1].track_ids.tolist() == [1, 2] and out[1].detection_track_ids.tolist() == [1, 2]
+    out = _run(Tracker(TrackerConfig(confirm_hits=2, confirm_score=1.0)), frames)  # off: hits only
+    assert len(out[0].track_ids) == 0 and sorted(out[1].track_ids.tolist()) == [1, 2]
+
+
+def test_low_scored_candidates_continue_confirmed_tracks_only():
+    """The second association: a confirmed track goes on through frames where its object scored below the detection
+    threshold (same id, no miss, no coasting); a candidate never starts or confirms a track."""
+    car = [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(12)]
+    frames = car[:4] + [[] for _ in range(4)] + car[8:]  # four frames without a detection: > max_misses 3
+    candidates = [[] for _ in range(4)] + [[c[0]] for c in car[4:8]] + [[] for _ in range(4)]
+    cfg = TrackerConfig(max_misses=3, coast_frames=0)
+    without = _run(Tracker(cfg), frames)
+    assert int(without[-1].track_ids[0]) == 2  # lost, a new id
+    out = _run(Tracker(cfg), frames, candidates=candidates)
+    assert [f.track_ids.tolist() for f in out[1:]] == [[1]] * 11  # followed through: output in every frame
+    assert out[6].boxes[0, 0] == pytest.approx(10 + 0.8 * 6, abs=0.3) and out[6].scores[0] == pytest.approx(0.2)
+    assert all(len(f.detection_track_ids) == len(d) for f, d in zip(out, frames))  # candidates get no detection ids
+    # candidates alone (a pedestrian that never scores high) and beside a tentative track: no track ever
+    ped = [[(5.0, -2.0, 0.0, PED)] for _ in range(6)]
+    out = _run(Tracker(TrackerConfig(confirm_hits=2)), [ped[0]] + [[]] * 5, candidates=[[]] + ped[1:])
+    assert all(len(f.track_ids) == 0 for f in out)
+    out = _run(Tracker(), [[]] * 6, candidates=ped)
+    assert all(len(f.track_ids) == 0 for f in out)
 
 
 def test_crossing_pedestrians_keep_their_ids():
@@ -159,11 +199,16 @@ def test_ego_motion_gives_velocity_over_ground_in_the_cloud_axes():
 def test_bad_input_is_counted_and_time_going_back_restarts():
     tracker = Tracker()
     boxes = np.array([_box(10, 0), [np.nan] * 7], np.float32)
-    f = tracker.update(boxes, [CAR, CAR], [0.9, 0.9], T0)
+    f = tracker.update(boxes, [CAR, CAR], [0.5, 0.5], T0)
     assert tracker.rejected_boxes == 1 and f.detection_track_ids.tolist() == [0, 0]
-    tracker.update(boxes[:1], [CAR], [0.9], T0 + DT_NS)
+    tracker.update(boxes[:1], [CAR], [0.5], T0 + DT_NS)
     assert tracker.confirmed_tracks == 1
-    tracker.update(boxes[:1], [CAR], [0.9], T0)  # a looped bag
+    tracker.update(boxes[:1], [CAR], [0.5], T0)  # a looped bag
     assert tracker.resets == 1 and tracker.confirmed_tracks == 0
     with pytest.raises(ValueError):
-        tracker.update(boxes, [CAR], [0.9], T0 + 2 * DT_NS)
+        tracker.update(boxes, [CAR], [0.5], T0 + 2 * DT_NS)
+    # candidates are checked the same way: non-finite rows counted and skipped, lengths that disagree refused
+    tracker.update(boxes[:1], [CAR], [0.5], T0 + 3 * DT_NS, candidates=(boxes[1:], [CAR], [0.2]))
+    assert tracker.rejected_boxes == 2
+    with pytest.raises(ValueError):
+        tracker.update(boxes[:1], [CAR], [0.5], T0 + 4 * DT_NS, candidates=(boxes, [CAR], [0.2]))

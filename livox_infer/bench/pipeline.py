@@ -98,6 +98,11 @@ def time_pipeline(pipe, msgs, args) -> tuple[dict[str, np.ndarray], float]:
     """Per-stage milliseconds of ``args.iters`` calls after ``args.warmup`` untimed ones; mean boxes per frame.
     With ``args.tracking`` the tracker runs after each call (frames 100 ms apart), as the node does."""
     tracker = _tracker(pipe) if getattr(args, "tracking", False) else None
+    if tracker is not None:  # the node's second association: low-scored boxes too
+        from livox_infer.params import DEFAULTS
+        from livox_infer.tracking import candidates_of
+
+        pipe.update(candidate_score=DEFAULTS["tracking_low_score"])
     stamp = 0
 
     def step(i: int):
@@ -107,7 +112,7 @@ def time_pipeline(pipe, msgs, args) -> tuple[dict[str, np.ndarray], float]:
         if tracker is not None:
             stamp += 100_000_000
             t0 = time.perf_counter()
-            tracker.update(det.boxes, det.labels, det.scores, stamp)
+            tracker.update(det.boxes, det.labels, det.scores, stamp, candidates=candidates_of(det))
             track_ms = (time.perf_counter() - t0) * 1e3
         return det, track_ms
 

@@ -174,7 +174,7 @@ def evaluate_tracking(pipe, tracker_config, sensors: Sequence[str], sequences: i
     """Tracking metrics per condition (standing / moving sensor) and class; see the module docstring."""
     from livox_infer.decode.pointcloud import Cloud
     from livox_infer.evaluation.simulated import SIM_EVAL_SEED_BASE
-    from livox_infer.tracking import Tracker
+    from livox_infer.tracking import Tracker, candidates_of
 
     classes = tuple(pipe.cfg.classes)
     out: dict[str, Any] = {}
@@ -193,7 +193,8 @@ def evaluate_tracking(pipe, tracker_config, sensors: Sequence[str], sequences: i
                     stamp = int(round(f.stamp * 1e9))
                     cloud = Cloud(np.ascontiguousarray(f.points[valid]), None, f.tag[valid], stamp, "sensor")
                     d = pipe.detect(cloud)
-                    tracks = tracker.update(_np(d.boxes), _np(d.labels), _np(d.scores), stamp, f.pose)
+                    tracks = tracker.update(_np(d.boxes), _np(d.labels), _np(d.scores), stamp, f.pose,
+                                            candidates_of(d))
                     scorer.add_frame(seq, f.boxes, f.labels, f.object_ids, f.velocities, f.num_points, tracks)
                 seq += 1
         out[cond] = {"sim_options": options, "classes": scorer.result()}
@@ -227,6 +228,7 @@ def main_tracking(args, pipe) -> int:
         raise ConfigError(f"--sim-sequences must be >= 1, got {args.sim_sequences}")
     values = {**DEFAULTS, **{p.name: p.default for p in class_params(pipe.cfg)}}
     config = TrackerConfig.from_params(values)
+    pipe.update(candidate_score=values["tracking_low_score"])  # as the node: low-scored boxes continue tracks
     region = eval_region(args, pipe.cfg)
     sensors = sim_sensors(args)
     t0 = time.perf_counter()
@@ -239,7 +241,7 @@ def main_tracking(args, pipe) -> int:
            "sensors": sensors, "min_points": args.min_points, "region": list(region),
            "match_distance_m": MATCH_DISTANCE, "score_threshold": args.score_threshold,
            "tracker": {"confirm_hits": config.confirm_hits, "max_misses": config.max_misses,
-                       "gates": dict(config.gates)},
+                       "gates": dict(config.gates), "low_score": values["tracking_low_score"]},
            "conditions": res}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))

@@ -13,7 +13,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.ros import messages as ros_msgs
-from livox_infer.tracking import TrackFrame, Tracker, TrackerConfig
+from livox_infer.tracking import TrackFrame, Tracker, TrackerConfig, candidates_of
 
 TRACKED_TOPIC = "~/tracked_objects"
 
@@ -79,7 +79,7 @@ class NodeTracking:
         pose = buffer.at(int(stamp_ns)) if buffer is not None else None
         try:
             tracks = self.tracker.update(ros_msgs.to_numpy(dets.boxes), ros_msgs.to_numpy(dets.labels),
-                                         ros_msgs.to_numpy(dets.scores), int(stamp_ns), pose)
+                                         ros_msgs.to_numpy(dets.scores), int(stamp_ns), pose, candidates_of(dets))
         except (ValueError, TypeError, IndexError) as exc:
             self.failed += 1
             self.last_error = f"tracking: {type(exc).__name__}: {exc}"

@@ -140,13 +140,13 @@ def track_frame(trackers: dict, source: str, det, stamp_ns: int, classes, pose=N
     tracking defaults) and set ``det.track_ids`` / ``det.tracks``; ``pose`` (4x4, odometry at the cloud's stamp):
     velocities over ground, else relative to the sensor."""
     from livox_infer.params import DEFAULTS, class_params
-    from livox_infer.tracking import Tracker, TrackerConfig
+    from livox_infer.tracking import Tracker, TrackerConfig, candidates_of
 
     tracker = trackers.get(source)
     if tracker is None:
         values = {**DEFAULTS, **{p.name: p.default for p in class_params()}}
         tracker = trackers[source] = Tracker(TrackerConfig.from_params(values), tuple(classes))
-    tracks = tracker.update(det.boxes, det.labels, det.scores, int(stamp_ns), pose)
+    tracks = tracker.update(det.boxes, det.labels, det.scores, int(stamp_ns), pose, candidates_of(det))
     det.track_ids, det.tracks = tracks.detection_track_ids, tracks
 
 

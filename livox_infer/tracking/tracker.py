@@ -11,9 +11,13 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    top speed times dt);
 3. update the matched tracks (position by the filter; z, size and yaw smoothed; the yaw axis made to agree with
    the direction of motion above 1 m/s; yaw rate from the smoothed yaw), start a tentative track per unmatched
-   detection, count a miss for every unmatched track;
-4. a track is confirmed after ``confirm_hits`` hits and deleted after more than ``max_misses`` misses in a row
-   (a tentative track at its first miss).
+   detection, count a miss for every unmatched track; before that, the confirmed tracks still without a detection
+   are associated the same way with the frame's *candidates* (boxes that scored below the detector's class threshold
+   but at least the node's ``tracking_low_score``: ByteTrack's second association), so a track goes on through a
+   frame where its object scored low; a candidate never starts a track;
+4. a track is confirmed after ``confirm_hits`` hits, or at once by a detection scoring at least ``confirm_score``
+   (calibrated scores: the share of such boxes that are right), and deleted after more than ``max_misses`` misses in
+   a row (a tentative track at its first miss).
 
 Output: :class:`TrackFrame` with the track id of each detection (0 = none, or not confirmed yet) and the confirmed
 tracks detected in this frame or missed for at most ``coast_frames`` frames (then predicted), with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
@@ -64,6 +68,9 @@ class TrackerConfig:
     max_misses: int = 8
     max_gap_s: float = MAX_GAP_S
     coast_frames: int = 3  # a confirmed track is still output (predicted) this many frames without a detection
+    # a detection scoring at least this confirms its track at once (scores are calibrated: the share of such boxes
+    # that are right); the others wait for confirm_hits
+    confirm_score: float = 0.7
 
     @classmethod
     def from_params(cls, values: Mapping[str, Any]) -> "TrackerConfig":
@@ -71,7 +78,8 @@ class TrackerConfig:
         tracking_coast_frames and tracking_gate_<class>."""
         gates = {k[len("tracking_gate_"):]: float(v) for k, v in values.items() if k.startswith("tracking_gate_")}
         return cls(gates={**DEFAULT_GATES, **gates}, confirm_hits=int(values["tracking_confirm_hits"]),
-                   max_misses=int(values["tracking_max_misses"]), coast_frames=int(values["tracking_coast_frames"]))
+                   max_misses=int(values["tracking_max_misses"]), coast_frames=int(values["tracking_coast_frames"]),
+                   confirm_score=float(values["tracking_confirm_score"]))
 
     def model(self, name: str) -> tuple[float, float, float, float]:
         key = name if name in ACCEL_SIGMA else _FALLBACK
@@ -111,6 +119,12 @@ class TrackFrame:
     ages: np.ndarray  # (K,) int64 frames since birth
     ego_motion: bool  # poses were given: velocities are over ground
     covariances: np.ndarray | None = None  # (K, 4, 4) filter covariance of x, y, vx, vy in the cloud frame's axes
+
+
+def candidates_of(det) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A pipeline's ``Detections`` candidates as `Tracker.update`'s ``candidates``; None when it gave none."""
+    boxes = getattr(det, "candidate_boxes", None)
+    return None if boxes is None else (boxes, det.candidate_labels, det.candidate_scores)
 
 
 def _wrap(a: float) -> float:
@@ -167,14 +181,11 @@ class Tracker:
 
     # ------------------------------------------------------------------ update
     def update(self, boxes: Any, labels: Any, scores: Any, stamp_ns: int,
-               pose: np.ndarray | None = None) -> TrackFrame:
-        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
-        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-        scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-        if len(labels) != len(boxes) or len(scores) != len(boxes):
-            raise ValueError(f"boxes ({len(boxes)}), labels ({len(labels)}) and scores ({len(scores)}) disagree")
-        finite = np.isfinite(boxes).all(1) & np.isfinite(scores)
-        self.rejected_boxes += int((~finite).sum())
+               pose: np.ndarray | None = None, candidates: tuple[Any, Any, Any] | None = None) -> TrackFrame:
+        """``candidates``: (boxes, labels, scores) below the detection threshold, only to continue confirmed tracks."""
+        boxes, labels, scores, finite = self._checked(boxes, labels, scores)
+        if candidates is not None:
+            c_boxes, c_labels, c_scores, c_finite = self._checked(*candidates)
         pose_given = pose is not None
         if pose_given:
             pose = np.asarray(pose, dtype=np.float64)
@@ -197,12 +208,7 @@ class Tracker:
         self._last_pose_given = pose_given
 
         # detections into the tracking frame (the fixed frame of the poses, else the cloud's own)
-        centres = boxes[:, :2].copy()
-        yaws = boxes[:, 6].copy()
-        if pose_given:
-            rot, trans = pose[:2, :2], pose[:2, 3]
-            centres = centres @ rot.T + trans
-            yaws = yaws + math.atan2(pose[1, 0], pose[0, 0])
+        centres, yaws = self._in_tracking_frame(boxes, pose)
 
         for t in self._tracks:
             self._predict(t, dt)
@@ -215,6 +221,13 @@ class Tracker:
             t = self._tracks[ti]
             self._correct(t, centres[di], boxes[di], yaws[di], float(scores[di]), dt)
             det_track_obj[di] = t
+        if candidates is not None and len(c_boxes):  # second association: confirmed tracks left over, candidates
+            c_centres, c_yaws = self._in_tracking_frame(c_boxes, pose)
+            open_tracks = [i for i, t in enumerate(self._tracks) if t.confirmed and i not in matched_tracks]
+            for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks):
+                t = self._tracks[ti]
+                self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt)
+                matched_tracks.add(ti)
         survivors = []
         for i, t in enumerate(self._tracks):
             if i not in matched_tracks:
@@ -236,6 +249,26 @@ class Tracker:
                 det_track[di] = t.track_id
         return self._output(det_track, pose if pose_given else None)
 
+    def _checked(self, boxes: Any, labels: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """As float64 / int64 arrays, and which rows are finite (the others are counted as rejected)."""
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+        scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+        if len(labels) != len(boxes) or len(scores) != len(boxes):
+            raise ValueError(f"boxes ({len(boxes)}), labels ({len(labels)}) and scores ({len(scores)}) disagree")
+        finite = np.isfinite(boxes).all(1) & np.isfinite(scores)
+        self.rejected_boxes += int((~finite).sum())
+        return boxes, labels, scores, finite
+
+    @staticmethod
+    def _in_tracking_frame(boxes: np.ndarray, pose: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """BEV centres (M, 2) and yaws (M,) in the tracking frame (the poses' fixed frame, else the cloud's)."""
+        centres, yaws = boxes[:, :2].copy(), boxes[:, 6].copy()
+        if pose is not None:
+            centres = centres @ pose[:2, :2].T + pose[:2, 3]
+            yaws = yaws + math.atan2(pose[1, 0], pose[0, 0])
+        return centres, yaws
+
     def _predict(self, t: _Track, dt: float) -> None:
         if dt <= 0.0:
             return
@@ -251,9 +284,11 @@ class Tracker:
         t.yaw = t.yaw + t.yaw_rate * dt
 
     def _associate(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
-                   dt: float) -> list[tuple[int, int]]:
+                   dt: float, tracks: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """(track index, detection index) pairs; ``tracks``: only these track indices (default all)."""
         pairs = []
-        for ti, t in enumerate(self._tracks):
+        for ti in range(len(self._tracks)) if tracks is None else tracks:
+            t = self._tracks[ti]
             gate, _, _, top_speed = self.config.model(t.name)
             if t.hits == 1:  # no velocity yet
                 gate += top_speed * dt
@@ -297,7 +332,7 @@ class Tracker:
         t.hits += 1
         t.age += 1
         t.misses = 0
-        if t.hits >= self.config.confirm_hits:
+        if t.hits >= self.config.confirm_hits or score >= self.config.confirm_score:
             t.confirmed = True
 
     def _birth(self, centre: np.ndarray, box: np.ndarray, yaw: float, label: int, score: float) -> _Track:
@@ -308,7 +343,7 @@ class Tracker:
         t = _Track(track_id=self._next_id, label=label, name=name, x=np.array([centre[0], centre[1], 0.0, 0.0]),
                    P=P, z=float(box[2]), size=box[3:6].astype(np.float64).copy(), yaw=_wrap(float(yaw)), score=score)
         self._next_id += 1
-        if self.config.confirm_hits <= 1:
+        if self.config.confirm_hits <= 1 or score >= self.config.confirm_score:
             t.confirmed = True
         return t
 
