@@ -226,3 +226,62 @@ def point_ages(cloud: Cloud) -> np.ndarray | None:
     if cloud.time is None:
         return None
     return np.maximum(-np.asarray(cloud.time, np.float64), 0.0).astype(np.float32)
+
+
+# Moving-object compensation of a stack (issue 32): objects slower than this are left as stacked (a parked car's
+# frames already agree); the box is grown by MOTION_BOX_MARGIN_M on every side, and its lowest
+# MOTION_GROUND_CLEARANCE_M left out, so the road under a car never travels with it.
+MOTION_MIN_SPEED = 1.0
+MOTION_BOX_MARGIN_M = 0.3
+MOTION_GROUND_CLEARANCE_M = 0.15
+
+
+def compensate_object_motion(cloud: Cloud, boxes: np.ndarray, velocities: np.ndarray) -> tuple[Cloud, int]:
+    """A stack with its moving objects' older points moved to where those objects are at the newest stamp.
+
+    ``boxes`` (K, 7) ``[x, y, z, l, w, h, yaw]`` and ``velocities`` (K, 2) m/s are the objects at the cloud's stamp,
+    in its frame and axes (the tracker's prediction, `livox_infer.tracking.Tracker.predict`; over ground when the
+    stack was motion-compensated with poses). An older point (age a > 0, `point_ages`) belongs to an object when,
+    moved by v * a, it lies in the object's (grown) box: it is moved there, so the object's frames agree as a parked
+    car's do, instead of smearing along its path. Returns the cloud (a copy when anything moved) and how many points
+    moved."""
+    ages = point_ages(cloud)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 7)
+    velocities = np.asarray(velocities, np.float64).reshape(-1, 2)
+    speed = np.hypot(velocities[:, 0], velocities[:, 1])
+    keep = (speed >= MOTION_MIN_SPEED) & np.isfinite(boxes).all(1) & np.isfinite(velocities).all(1)
+    if ages is None or not keep.any():
+        return cloud, 0
+    older = np.nonzero(ages > 0)[0]
+    if not len(older):
+        return cloud, 0
+    pts = cloud.points
+    x, y, z, age = pts[older, 0], pts[older, 1], pts[older, 2], ages[older]
+    max_age = float(age.max())
+    moves: dict[int, tuple[float, float]] = {}  # index into ``older`` -> its shift (the first object that takes it)
+    for box, vel in zip(boxes[keep], velocities[keep]):
+        # the points anywhere along the object's path over the stack's time span (a cheap square around it), then the
+        # exact test of each candidate moved by v * its age
+        reach = 0.5 * math.hypot(box[3], box[4]) + MOTION_BOX_MARGIN_M + math.hypot(*vel) * max_age
+        near = np.flatnonzero(np.abs(x - np.float32(box[0])) <= reach)
+        near = near[np.abs(y[near] - np.float32(box[1])) <= reach]
+        if not len(near):
+            continue
+        a = age[near].astype(np.float64)
+        sx, sy = x[near] + a * vel[0], y[near] + a * vel[1]
+        c, s = math.cos(box[6]), math.sin(box[6])
+        dx, dy = sx - box[0], sy - box[1]
+        u, v = dx * c + dy * s, -dx * s + dy * c
+        bottom = box[2] - box[5] / 2
+        zn = z[near]
+        inside = ((np.abs(u) <= box[3] / 2 + MOTION_BOX_MARGIN_M) & (np.abs(v) <= box[4] / 2 + MOTION_BOX_MARGIN_M)
+                  & (zn >= bottom + MOTION_GROUND_CLEARANCE_M) & (zn <= bottom + box[5] + MOTION_BOX_MARGIN_M))
+        for i, dxs, dys in zip(near[inside].tolist(), (sx - x[near])[inside].tolist(), (sy - y[near])[inside].tolist()):
+            moves.setdefault(i, (dxs, dys))
+    if not moves:
+        return cloud, 0
+    idx = np.fromiter(moves.keys(), np.int64, len(moves))
+    shift = np.array(list(moves.values()), np.float64).reshape(-1, 2)
+    out = pts.copy()
+    out[older[idx], :2] = (out[older[idx], :2].astype(np.float64) + shift).astype(np.float32)
+    return Cloud(out, cloud.time, cloud.tag, cloud.stamp_ns, cloud.frame_id), len(moves)

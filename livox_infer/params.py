@@ -95,12 +95,16 @@ PARAMS: tuple[Param, ...] = (
     Param("odometry_topic", "string", "", "nav_msgs/Odometry of the output (or cloud) frame: accumulated frames are "
           "motion-compensated and deskewed with it; empty = plain accumulation.", read_only=True, applies=NODE),
     Param("accumulate_frames", "int", 1, "Detect on the last N frames stacked (1 = each frame alone). The lite "
-          "weights see each point's age and were trained on 2-4 stacked frames; stack only with odometry on a moving "
-          "vehicle. Every preset keeps 1: on moving traffic 3 frames cost car AP@0.7 (docs/rigs.md).",
+          "weights see each point's age and were trained on 2-4 stacked frames. With odometry (or on a standing "
+          "sensor) and tracking, 3 beat 1 on moving and parked traffic; without odometry a moving vehicle smears "
+          "everything, so every preset keeps 1 (docs/rigs.md).",
           range=(1, MAX_FRAMES), read_only=True, applies=NODE),
     Param("accumulate_ms", "double", 0.0, "Stack only frames within this many ms of the newest (0 = no time limit; a gap of over 1 s "
           "between frames always restarts the stack).",
           range=(0.0, MAX_WINDOW_MS), read_only=True, applies=NODE),
+    Param("accumulate_track_motion", "bool", True, "With accumulate_frames > 1 and tracking: the older points of "
+          "each tracked moving object are moved along its velocity to where it is now before detection, so moving "
+          "traffic does not smear (docs/rigs.md).", applies=NODE),
     Param("device", "string", "auto", "Compute device: auto (cuda if available, else cpu), cpu or cuda.",
           choices=DEVICES, applies=REBUILD),
     Param("model", "string", "lite", "Model config: a name in the package's models/ directory or a path to its YAML "

@@ -48,4 +48,5 @@ def test_eval_sim_accumulate_prints_single_and_accumulated(capsys, tmp_path):
     assert evaluate_cli.main(args) == 0
     out = capsys.readouterr().out
     assert "== single (2 frames)" in out and "== accumulated (2 frames)" in out and "no poses" in out
+    assert "== accumulated + track motion (2 frames)" in out
     assert (tmp_path / "acc.json").is_file()

@@ -81,7 +81,7 @@ def test_detections_and_markers_follow_the_input(ros):
     lines = next(mk for mk in m if mk.type == Marker.LINE_LIST)
     assert len(lines.points) == 24 and lines.header.frame_id == "avia_frame"
     text = next(mk for mk in m if mk.type == Marker.TEXT_VIEW_FACING)
-    assert text.text == "car 0.90"
+    assert text.text == "#1 car 0.90"  # its 0.9 >= tracking_confirm_score: a confirmed track at once
     # The fake pipeline was built from the node's parameters.
     assert factory.built[0].options == pipeline_options(node._values)
 

@@ -223,3 +223,26 @@ def test_a_model_path_to_some_yaml_does_not_tell_the_caller_what_the_file_holds(
                                   Parameter("bev_extent", value=[0.0, 57.6, -28.8, 28.8])])[0]
     assert not result.successful and "db_password" not in result.reason and "api_token" not in result.reason
 
+
+
+@pytest.mark.parametrize("track_motion", [True, False])
+def test_stacked_frames_move_a_tracked_moving_object_to_its_newest_place(ros, track_motion):
+    """accumulate_frames 3 with tracking: the tracker's velocity moves the older frames' points of a moving object
+    to where it is now before detection (accumulate_track_motion); without it the stack smears behind it."""
+    topic = "/" + unique("cloud")
+    node, client, (pub,), dets, factory = start(ros, {"input_topic": topic, "accumulate_frames": 3,
+                                                      "accumulate_track_motion": track_motion}, [topic])
+    t0 = 9_000_000_000
+    for k in range(10):  # a blob driving +x at 8 m/s in front of a standing sensor
+        stamp = t0 + k * 100_000_000
+        assert publish_while(pub, cloud_msg(stamp_ns=stamp, centre=(10.0 + 0.8 * k, 2.0, -0.5), seed=k),
+                             lambda s=stamp: any(ros_msgs.stamp_to_ns(d.header.stamp) == s for d in dets.msgs))
+    stack = factory.built[-1].last_points  # the last stack the pipeline was given: 3 x 200 points
+    assert len(stack) == 600
+    newest_x = 10.0 + 0.8 * 9
+    older = stack[:400, 0].mean()  # frames 7 and 8 come first
+    moved = node._tracking.motion_points
+    if track_motion:
+        assert moved >= 200 and abs(older - newest_x) < 0.4, (moved, older)
+    else:
+        assert moved is None and older < newest_x - 1.0  # 0.8 and 1.6 m behind

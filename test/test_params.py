@@ -24,7 +24,7 @@ CONFIG = REPO / "config"
 # What every preset set before the presets became one base file + per-sensor overrides (the five 44-line
 # config/<sensor>.yaml of commit d7689d3): the merged presets and the model's class thresholds must equal them.
 OLD_COMMON = {
-    "accumulate_frames": 1, "accumulate_ms": 0.0, "aoti_package": "", "device": "auto", "diagnostics_period": 1.0,
+    "accumulate_frames": 1, "accumulate_ms": 0.0, "accumulate_track_motion": True, "aoti_package": "", "device": "auto", "diagnostics_period": 1.0,
     "estimate_ground": False, "frame_id": "", "input_topic": "/livox/lidar", "input_type": "pointcloud2",
     "intensity_scale": 255.0, "latency_window": 300, "max_points": 200000, "model": "lite", "odometry_topic": "",
     "publish_markers": True, "refine": True, "rig": "", "roi_x_min": 0.0, "roi_z_min": -3.0,

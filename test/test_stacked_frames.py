@@ -189,3 +189,66 @@ def test_a_stage_2_that_fails_to_compile_runs_eagerly(monkeypatch, caplog):
     assert pipe._stage2.compiled_refiner is None
     assert any("stage 2 failed, running it eagerly" in r.message for r in caplog.records)
     assert len(pipe.detect(cloud(3000, 0, 1)).timings_ms) == 7
+
+
+def _moving_car_stack():
+    """A 3-frame stack (ages 0.2, 0.1, 0 s) of a car driving +x at 10 m/s (now at x = 20), a parked car at y = 6,
+    and the road: (cloud, the moving car's points, the parked car's, the road's)."""
+    from livox_infer.decode.pointcloud import Cloud
+
+    rng = np.random.default_rng(0)
+    parts, times = [], []
+    for age, x in ((0.2, 18.0), (0.1, 19.0), (0.0, 20.0)):
+        parts.append(np.c_[rng.uniform(x - 2, x + 2, 100), rng.uniform(-0.9, 0.9, 100), rng.uniform(-1.5, 0, 100)])
+        times.append(np.full(100, -age))
+    parts.append(np.c_[rng.uniform(8, 12, 150), rng.uniform(5.1, 6.9, 150), rng.uniform(-1.5, 0, 150)])  # parked
+    times.append(np.repeat([-0.2, -0.1, 0.0], 50))
+    parts.append(np.c_[rng.uniform(10, 30, 200), rng.uniform(-4, 4, 200), np.full(200, -1.7)])  # road, 0.2 s old
+    times.append(np.full(200, -0.2))
+    pts = np.c_[np.vstack(parts), np.zeros(650)].astype(np.float32)
+    return Cloud(pts, np.concatenate(times), None, 5, "s"), slice(0, 300), slice(300, 450), slice(450, 650)
+
+
+def test_moving_objects_older_points_move_to_where_the_tracker_says_they_are():
+    from livox_infer.accumulate import compensate_object_motion
+
+    cloud, car, parked, road = _moving_car_stack()
+    boxes = np.array([[20.0, 0.0, -0.85, 4.5, 1.9, 1.7, 0.0], [10.0, 6.0, -0.85, 4.5, 1.9, 1.7, 0.0]])
+    out, moved = compensate_object_motion(cloud, boxes, np.array([[10.0, 0.0], [0.2, 0.0]]))
+    assert moved == 200  # the moving car's two older frames; not its newest, the parked car (0.2 m/s) or the road
+    x = out.points[car, 0]
+    assert x.min() >= 18.0 - 1e-4  # every frame of it where the newest one is (18..22)
+    assert np.allclose(x[:200], cloud.points[car, 0][:200] + np.repeat([2.0, 1.0], 100), atol=1e-4)
+    assert np.array_equal(out.points[parked], cloud.points[parked]) and np.array_equal(out.points[road],
+                                                                                         cloud.points[road])
+    assert np.array_equal(out.time, cloud.time) and cloud.points[car, 0].min() < 16.5  # the input is untouched
+    # nothing to move: the same cloud back (no copy)
+    for b, v in ((boxes[:0], np.zeros((0, 2))), (boxes[:1], np.array([[0.5, 0.0]])),
+                 (np.full((1, 7), np.nan), np.array([[10.0, 0.0]]))):
+        same, n = compensate_object_motion(cloud, b, v)
+        assert same is cloud and n == 0
+
+
+def test_tracker_predicts_its_moving_tracks_without_changing_them():
+    from livox_infer.tracking import Tracker
+
+    tracker = Tracker()
+    assert tracker.predict(0)[0].shape == (0, 7)  # before any frame
+    t0 = 10_000_000_000
+    for k in range(4):
+        tracker.update([[10 + 1.0 * k, 2.0, -1.0, 4.5, 1.9, 1.6, 0.0]], [0], [0.9], t0 + k * 100_000_000)
+    boxes, vel = tracker.predict(t0 + 4 * 100_000_000)
+    assert boxes.shape == (1, 7) and boxes[0, 0] == pytest.approx(14.0, abs=0.3) and vel[0, 0] == pytest.approx(10.0, abs=1.5)
+    again, _ = tracker.predict(t0 + 4 * 100_000_000)
+    assert np.array_equal(again, boxes)  # no state changed
+    assert tracker.predict(t0)[0].shape == (0, 7)  # time going back
+    assert tracker.predict(t0 + 4 * 100_000_000, np.eye(4))[0].shape == (0, 7)  # poses start: another frame
+    # with poses: the prediction comes back in the cloud frame of the pose given
+    tracker = Tracker()
+    pose = np.eye(4)
+    for k in range(4):
+        pose[0, 3] = 5.0 * k * 0.1  # the vehicle drives +x at 5 m/s, the car at 15 m/s over ground
+        tracker.update([[10 + 1.0 * k, 2.0, -1.0, 4.5, 1.9, 1.6, 0.0]], [0], [0.9], t0 + k * 100_000_000, pose.copy())
+    pose[0, 3] = 2.0
+    boxes, vel = tracker.predict(t0 + 4 * 100_000_000, pose)
+    assert boxes[0, 0] == pytest.approx(14.0, abs=0.3) and vel[0, 0] == pytest.approx(15.0, abs=2.0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
-from livox_infer.decode.pointcloud import check_pointcloud2
+from livox_infer.decode.pointcloud import Cloud, check_pointcloud2
 from livox_infer.bags import pointcloud2_from_cdr
 from livox_infer.threads import apply_threads
 from livox_infer import params as param_model
@@ -565,6 +565,8 @@ class DetectorNode(Node):
         """The pipeline's detections, or None after counting and warning about a rejected / failed cloud."""
         try:
             self._restart_scene_on_time_jump_back(msg)
+            if self._values["accumulate_frames"] > 1 and isinstance(msg, Cloud):  # a stack: de-smear moving traffic
+                msg = self._tracking.compensate(msg)
             with self._pipeline_lock:
                 dets = self._pipeline.detect(msg)
                 self._say_network_change()

@@ -13,6 +13,7 @@ import numpy as np
 
 from livox_infer import CLASS_NAMES
 from livox_infer.ros import messages as ros_msgs
+from livox_infer.accumulate import compensate_object_motion
 from livox_infer.tracking import TrackFrame, Tracker, TrackerConfig, candidates_of
 
 TRACKED_TOPIC = "~/tracked_objects"
@@ -40,6 +41,7 @@ class NodeTracking:
         self.last_error = ""
         self.tracker: Tracker | None = None
         self.pending = None  # the last frame's TrackedObjects, until the node publishes it
+        self.motion_points: int | None = None  # older points of moving objects moved in the last stack
         cls = tracked_objects_class()
         self.publisher = node.create_publisher(cls, TRACKED_TOPIC, qos) if cls is not None else None
         if cls is None:
@@ -110,6 +112,26 @@ class NodeTracking:
         except AttributeError:  # an object that takes no attributes: the frame goes out without ids
             pass
 
+    def compensate(self, cloud):
+        """A stacked cloud (accumulate_frames > 1) with its tracked moving objects' older points moved along their
+        velocities to where the objects are at its stamp (`livox_infer.accumulate.compensate_object_motion`, the
+        tracker's prediction); the cloud as it is when tracking or accumulate_track_motion is off or no track
+        moves. A failure is counted and warned about, and the frame goes on uncompensated."""
+        values = self._values()
+        if self.tracker is None or not values.get("tracking", False) or not values.get("accumulate_track_motion"):
+            return cloud
+        try:
+            buffer = self._poses()
+            pose = buffer.at(int(cloud.stamp_ns)) if buffer is not None else None
+            cloud, moved = compensate_object_motion(cloud, *self.tracker.predict(int(cloud.stamp_ns), pose))
+        except (ValueError, TypeError, IndexError) as exc:
+            self.failed += 1
+            self.last_error = f"motion compensation: {type(exc).__name__}: {exc}"
+            self._node.get_logger().warning(f"stack not motion-compensated: {exc}", throttle_duration_sec=5.0)
+            return cloud
+        self.motion_points = moved
+        return cloud
+
     def diagnostics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tracking": "on" if self._values().get("tracking", False) else "off",
                                "tracked_objects": TRACKED_TOPIC if self.publisher is not None else
@@ -117,6 +139,8 @@ class NodeTracking:
                                "tracking_failed": self.failed}
         if self.tracker is not None:
             out.update(self.tracker.diagnostics())
+            if self.motion_points is not None:
+                out["tracking_stack_points_moved"] = self.motion_points  # the last stack's (accumulate_track_motion)
             if self.tracker.ego_motion is False and self._poses() is not None:
                 out["tracking_ego_motion"] = "none: no odometry within 0.2 s of the cloud's stamp"
         return out

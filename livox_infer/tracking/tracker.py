@@ -379,6 +379,30 @@ class Tracker:
             covariances=cov,
         )
 
+    def predict(self, stamp_ns: int, pose: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The confirmed tracks with a velocity (two hits or more) predicted to ``stamp_ns``, without changing any
+        state: boxes (K, 7) and velocities (K, 2) m/s in the cloud frame of ``pose`` (as `update` outputs them;
+        ``pose``: that frame in the tracking frame, None when tracking without poses). Empty before the first
+        frame, after a stamp that goes back or jumps past ``max_gap_s``, or when poses start or stop."""
+        empty = np.zeros((0, 7), np.float32), np.zeros((0, 2), np.float32)
+        if self._last_stamp is None or (pose is not None) != self._last_pose_given:
+            return empty
+        dt = (int(stamp_ns) - self._last_stamp) * 1e-9
+        if dt < 0.0 or dt > self.config.max_gap_s:
+            return empty
+        shown = [t for t in self._tracks if t.confirmed and t.hits >= 2]
+        boxes = np.zeros((len(shown), 7), np.float64)
+        vel = np.zeros((len(shown), 2), np.float64)
+        for i, t in enumerate(shown):
+            xy, v, yaw = t.x[:2] + t.x[2:4] * dt, t.x[2:4], t.yaw + t.yaw_rate * dt
+            if pose is not None:
+                pose = np.asarray(pose, np.float64)
+                rot, trans = pose[:2, :2], pose[:2, 3]
+                xy, v, yaw = rot.T @ (xy - trans), rot.T @ v, yaw - math.atan2(pose[1, 0], pose[0, 0])
+            boxes[i] = [xy[0], xy[1], t.z, *t.size, _wrap(yaw)]
+            vel[i] = v
+        return boxes.astype(np.float32), vel.astype(np.float32)
+
     def diagnostics(self) -> dict[str, Any]:
         """Counters for the node's /diagnostics (keys tracking_*)."""
         ego = ("odometry" if self._last_pose_given else
