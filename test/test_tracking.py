@@ -102,6 +102,10 @@ def test_low_scored_candidates_continue_confirmed_tracks_only():
     assert all(len(f.track_ids) == 0 for f in out)
     out = _run(Tracker(), [[]] * 6, candidates=ped)
     assert all(len(f.track_ids) == 0 for f in out)
+    # a track confirmed by one high score has no velocity yet (its gate is wide): candidates do not continue it
+    out = _run(Tracker(TrackerConfig(confirm_score=0.7, max_misses=0)), [[(10, 0, 0, CAR, 0.9)], []],
+               candidates=[[], [(11.5, 0, 0, CAR)]])
+    assert out[0].track_ids.tolist() == [1] and len(out[1].track_ids) == 0
 
 
 def test_crossing_pedestrians_keep_their_ids():

@@ -11,8 +11,8 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    top speed times dt);
 3. update the matched tracks (position by the filter; z, size and yaw smoothed; the yaw axis made to agree with
    the direction of motion above 1 m/s; yaw rate from the smoothed yaw), start a tentative track per unmatched
-   detection, count a miss for every unmatched track; before that, the confirmed tracks still without a detection
-   are associated the same way with the frame's *candidates* (boxes that scored below the detector's class threshold
+   detection, count a miss for every unmatched track; before that, the confirmed tracks with a velocity (two hits)
+   still without a detection are associated the same way with the frame's *candidates* (boxes that scored below the detector's class threshold
    but at least the node's ``tracking_low_score``: ByteTrack's second association), so a track goes on through a
    frame where its object scored low; a candidate never starts a track;
 4. a track is confirmed after ``confirm_hits`` hits, or at once by a detection scoring at least ``confirm_score``
@@ -223,7 +223,10 @@ class Tracker:
             det_track_obj[di] = t
         if candidates is not None and len(c_boxes):  # second association: confirmed tracks left over, candidates
             c_centres, c_yaws = self._in_tracking_frame(c_boxes, pose)
-            open_tracks = [i for i, t in enumerate(self._tracks) if t.confirmed and i not in matched_tracks]
+            # only tracks with a velocity (two hits): a one-hit track's gate is widened by the class's top speed,
+            # and a low-scored box of another object within it gave the track a false velocity (ID switches)
+            open_tracks = [i for i, t in enumerate(self._tracks)
+                           if t.confirmed and t.hits >= 2 and i not in matched_tracks]
             for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks):
                 t = self._tracks[ti]
                 self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt)
