@@ -111,3 +111,30 @@ def test_detect_with_odometry_gives_velocity_over_ground(tmp_path):
     assert len(e_odom) >= 10
     assert np.median(e_odom) < 1.0, e_odom  # over ground, as the ground truth
     assert np.median(e_plain) > 5.0, e_plain  # relative to a sensor driving 10 m/s
+
+
+def test_detect_stacks_with_odometry_and_moves_tracked_objects_like_the_node(tmp_path, monkeypatch):
+    """--accumulate-frames 3 --odometry-topic on a drive: the stack is motion-compensated with the bag's odometry, and
+    (tracking, --track-motion, the default) the older points of tracked moving objects are moved as the node moves
+    them; --no-track-motion leaves them."""
+    import livox_infer.accumulate as accumulate
+
+    bag = tmp_path / "drive"
+    assert cli_main(["simulate", "--sensor", "avia", "--frames", "8", "--seed", "4", "--speed", "10", "--out",
+                     str(bag)]) == 0
+    moved, compensated = [], []
+    real = accumulate.compensate_object_motion
+    monkeypatch.setattr(accumulate, "compensate_object_motion",
+                        lambda *a: (lambda r: (moved.append(r[1]), r)[1])(real(*a)))
+    real_add = accumulate.Accumulator.add
+    monkeypatch.setattr(accumulate.Accumulator, "add",
+                        lambda self, cloud, pose=None: (compensated.append(pose is not None), real_add(self, cloud, pose))[1])
+    out = tmp_path / "stacked.jsonl"
+    base = ["detect", str(bag), "--no-compile", "--threads", "1", "--accumulate-frames", "3", "--odometry-topic",
+            "/livox_infer/odometry"]
+    assert cli_main(base + ["--out", str(out)]) == 0
+    assert len(_rows(out)) == 8 and all(compensated) and len(compensated) == 8
+    assert len(moved) == 7 and sum(moved) > 0  # every frame after the first (a tracker exists), points moved
+    moved.clear()
+    assert cli_main(base + ["--out", str(tmp_path / "plain.jsonl"), "--no-track-motion"]) == 0
+    assert moved == []

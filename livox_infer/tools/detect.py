@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
-from livox_infer.params import DEFAULTS, add_cli_options
+from livox_infer.params import BY_NAME, DEFAULTS, add_cli_options
 from livox_infer.tools.bev_plot import save_bev_png
 from livox_infer.tools.detect_io import build_pipeline, detection_row, is_bag, iter_frames, track_frame, write_annotated
 
@@ -62,9 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=DEFAULTS["tracking"],
                    help="track the boxes of a bag's frames: track_id, vx, vy, yaw_rate per box in the JSONL "
                         "(docs/tracking.md; point files carry no time: not tracked) (default %(default)s)")
+    p.add_argument("--track-motion", action=argparse.BooleanOptionalAction,
+                   default=DEFAULTS["accumulate_track_motion"],
+                   help="with --accumulate-frames > 1 and tracking: " + BY_NAME["accumulate_track_motion"].doc.split(
+                       ": ", 1)[-1] + " (default %(default)s)")
     p.add_argument("--odometry-topic", default=None,
                    help="nav_msgs/Odometry topic of the bag (e.g. /livox_infer/odometry, as `livox-infer simulate` "
-                        "writes it): tracked velocities over ground instead of relative to the sensor")
+                        "writes it): tracked velocities over ground instead of relative to the sensor, and with "
+                        "--accumulate-frames the stack motion-compensated with it, as the node does")
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--bev-dir", default=None, help="write a bird's-eye PNG per frame here")
     p.add_argument("--out-bag", default=None, help="write clouds + Detection3DArray into this new rosbag2")
@@ -144,23 +149,30 @@ def main(args: argparse.Namespace) -> int:
         latencies = []
         # tracking needs time: bags (one tracker per topic); point files are numbered, not stamped
         track = bool(args.tracking) and not args.rig and all(is_bag(Path(i)) for i in args.input)
+        if track:  # the tracker's second association takes the boxes scoring just below the thresholds (as the node)
+            pipe.update(candidate_score=DEFAULTS["tracking_low_score"])
         trackers: dict = {}
         poses = None
-        if track and args.odometry_topic:
+        if args.odometry_topic and not args.rig and all(is_bag(Path(i)) for i in args.input):
             from livox_infer.accumulate import PoseBuffer
             from livox_infer.bags import read_poses
 
-            poses = PoseBuffer(maxlen=1_000_000)
+            poses = PoseBuffer(maxlen=1_000_000)  # the tracker's and the stack's poses, as the node's
             for name in args.input:
                 for stamp, pose in read_poses(name, args.odometry_topic):
                     poses.add(stamp, pose)
-        for source, cloud in tqdm(iter_frames(args, rig), desc="detect", unit="frame", file=sys.stderr):
+        stacked = args.accumulate_frames > 1 or args.accumulate_ms > 0
+        for source, cloud in tqdm(iter_frames(args, rig, poses), desc="detect", unit="frame", file=sys.stderr):
             if args.max_frames is not None and n >= args.max_frames:
                 break
+            pose = poses.at(cloud.stamp_ns) if poses is not None else None
+            if track and stacked and args.track_motion and source in trackers:  # the node's accumulate_track_motion
+                from livox_infer.accumulate import compensate_object_motion
+
+                cloud, _ = compensate_object_motion(cloud, *trackers[source].predict(cloud.stamp_ns, pose))
             det = pipe.detect(cloud)
             if track:
-                track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes,
-                            poses.at(cloud.stamp_ns) if poses is not None else None)
+                track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes, pose)
             latencies.append(det.timings_ms["total"])
             out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
             if bev_dir:

@@ -43,8 +43,9 @@ def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
     return opts
 
 
-def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud]]:
-    """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated."""
+def iter_frames(args: argparse.Namespace, rig=None, poses=None) -> Iterator[tuple[str, Cloud]]:
+    """(source, Cloud) as the pipeline should see them: merged over the rig's sensors and / or accumulated;
+    ``poses`` (a PoseBuffer, the bag's odometry): one stream's stack is motion-compensated with them, as the node's."""
     from livox_infer.rig import FrameAssembler, read_rig_directory
 
     frames, window = args.accumulate_frames, args.accumulate_ms
@@ -68,7 +69,7 @@ def iter_frames(args: argparse.Namespace, rig=None) -> Iterator[tuple[str, Cloud
 
     acc = Accumulator(frames, window)  # one stream: nothing to merge (point files carry no stamps: index order)
     for source, cloud in iter_inputs(args.input, args.topic):
-        yield source, acc.add(cloud)
+        yield source, acc.add(cloud, None if poses is None else poses.at(cloud.stamp_ns))
 
 
 def is_bag(path: Path) -> bool:
