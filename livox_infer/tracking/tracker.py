@@ -396,12 +396,13 @@ class Tracker:
         shown = [t for t in self._tracks if t.confirmed and t.hits >= 2]
         boxes = np.zeros((len(shown), 7), np.float64)
         vel = np.zeros((len(shown), 2), np.float64)
+        if pose is not None:
+            pose = np.asarray(pose, np.float64)
+            rot, trans, heading = pose[:2, :2], pose[:2, 3], math.atan2(pose[1, 0], pose[0, 0])
         for i, t in enumerate(shown):
             xy, v, yaw = t.x[:2] + t.x[2:4] * dt, t.x[2:4], t.yaw + t.yaw_rate * dt
-            if pose is not None:
-                pose = np.asarray(pose, np.float64)
-                rot, trans = pose[:2, :2], pose[:2, 3]
-                xy, v, yaw = rot.T @ (xy - trans), rot.T @ v, yaw - math.atan2(pose[1, 0], pose[0, 0])
+            if pose is not None:  # back into the cloud's frame
+                xy, v, yaw = rot.T @ (xy - trans), rot.T @ v, yaw - heading
             boxes[i] = [xy[0], xy[1], t.z, *t.size, _wrap(yaw)]
             vel[i] = v
         return boxes.astype(np.float32), vel.astype(np.float32)
