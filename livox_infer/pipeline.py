@@ -76,8 +76,9 @@ class Detections:
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
     points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
-    # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) after the same NMS,
-    # (N, 7) f32 / (N,) int64 / (N,) f32 as above; not detections: the tracker may continue a confirmed track with one
+    # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) after an NMS of
+    # all boxes above candidate_score, (N, 7) f32 / (N,) int64 / (N,) f32 as above; not detections (which they never
+    # change): the tracker may continue a confirmed track with one
     candidate_boxes: np.ndarray | None = None
     candidate_labels: np.ndarray | None = None
     candidate_scores: np.ndarray | None = None
@@ -165,8 +166,9 @@ class DetectionPipeline:
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
         the model has one; False skips it (faster, less accurate). Changes at run time.
-    candidate_score: also return the boxes scoring in [this, their class's threshold) after the same NMS, as
-        ``Detections.candidate_*`` (the tracker continues confirmed tracks with them); None (default): none.
+    candidate_score: also return the boxes scoring in [this, their class's threshold) after an NMS of all boxes
+        above this, as ``Detections.candidate_*`` (the tracker continues confirmed tracks with them; the detections
+        are the same as without); None (default): none.
     """
 
     def __init__(
@@ -622,15 +624,17 @@ class DetectionPipeline:
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
             scores = calibrate_scores(scores.float(), labels, self._calibration)
         thresholds, low = p["score_thresholds"], p["candidate_score"]
-        scores, labels, boxes = select_detections(
-            scores.float(), labels, boxes.float(), thresholds if low is None else [min(low, t) for t in thresholds],
-            p["nms_iou"], p["max_detections"], self.cfg.cross_class_iou,
-        )
         candidates = None
-        if low is not None:  # NMS is greedy by score: the boxes above the thresholds are the ones it keeps without them
-            above = scores >= scores.new_tensor(thresholds)[labels]
-            candidates = self._numpy_boxes(scores[~above], labels[~above], boxes[~above], mount)
-            scores, labels, boxes = scores[above], labels[above], boxes[above]
+        if low is not None:  # a separate NMS: a candidate never suppresses a detection (of another class, either)
+            c_scores, c_labels, c_boxes = select_detections(
+                scores.float(), labels, boxes.float(), [min(low, t) for t in thresholds], p["nms_iou"],
+                p["max_detections"], self.cfg.cross_class_iou)
+            below = c_scores < c_scores.new_tensor(thresholds)[c_labels]
+            candidates = self._numpy_boxes(c_scores[below], c_labels[below], c_boxes[below], mount)
+        scores, labels, boxes = select_detections(
+            scores.float(), labels, boxes.float(), thresholds, p["nms_iou"], p["max_detections"],
+            self.cfg.cross_class_iou,
+        )
         scores_np, labels_np, boxes_np = self._numpy_boxes(scores, labels, boxes, mount)
         t4 = time.perf_counter()
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731

@@ -274,7 +274,7 @@ def test_a_pipeline_whose_network_computes_garbage_is_refused(small_model, tmp_p
 
 def test_candidates_below_the_thresholds_leave_the_detections_as_they_are():
     """candidate_score (the tracker's second association): the same detections as without it, and beside them the
-    boxes scoring in [candidate_score, their class's threshold) after the same NMS."""
+    boxes scoring in [candidate_score, their class's threshold) after an NMS of all boxes above candidate_score."""
     from livox_infer.sim.simulate import simulate_frame
 
     f = simulate_frame("avia", 5, scene="street")
