@@ -34,7 +34,7 @@ from livox_infer.detector.boxes import axis_angle
 from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.detector.calibration import calibrate_scores, calibration_tables
-from livox_infer.detector.postprocess import build_inference_model, select_detections
+from livox_infer.detector.postprocess import build_inference_model, select_detections, select_detections_and_candidates
 from livox_infer.detector.refine import stage2_points
 from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
@@ -76,9 +76,9 @@ class Detections:
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
     num_points: int = 0  # points that reached the voxelizer (after filters)
     points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
-    # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) after an NMS of
-    # all boxes above candidate_score, (N, 7) f32 / (N,) int64 / (N,) f32 as above; not detections (which they never
-    # change): the tracker may continue a confirmed track with one
+    # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) and survive the NMS
+    # after the detections (`select_detections_and_candidates`), (N, 7) f32 / (N,) int64 / (N,) f32 as above; not
+    # detections (which they never change): the tracker may continue a confirmed track with one
     candidate_boxes: np.ndarray | None = None
     candidate_labels: np.ndarray | None = None
     candidate_scores: np.ndarray | None = None
@@ -166,8 +166,8 @@ class DetectionPipeline:
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
         the model has one; False skips it (faster, less accurate). Changes at run time.
-    candidate_score: also return the boxes scoring in [this, their class's threshold) after an NMS of all boxes
-        above this, as ``Detections.candidate_*`` (the tracker continues confirmed tracks with them; the detections
+    candidate_score: also return the boxes scoring in [this, their class's threshold) that survive the NMS after the
+        detections, as ``Detections.candidate_*`` (the tracker continues confirmed tracks with them; the detections
         are the same as without); None (default): none.
     """
 
@@ -623,18 +623,17 @@ class DetectionPipeline:
         t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
             scores = calibrate_scores(scores.float(), labels, self._calibration)
-        thresholds, low = p["score_thresholds"], p["candidate_score"]
         candidates = None
-        if low is not None:  # a separate NMS: a candidate never suppresses a detection (of another class, either)
-            c_scores, c_labels, c_boxes = select_detections(
-                scores.float(), labels, boxes.float(), [min(low, t) for t in thresholds], p["nms_iou"],
+        if p["candidate_score"] is None:
+            scores, labels, boxes = select_detections(
+                scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
+                self.cfg.cross_class_iou,
+            )
+        else:  # the same detections, and the boxes just below the thresholds for the tracker
+            (scores, labels, boxes), low = select_detections_and_candidates(
+                scores.float(), labels, boxes.float(), p["score_thresholds"], p["candidate_score"], p["nms_iou"],
                 p["max_detections"], self.cfg.cross_class_iou)
-            below = c_scores < c_scores.new_tensor(thresholds)[c_labels]
-            candidates = self._numpy_boxes(c_scores[below], c_labels[below], c_boxes[below], mount)
-        scores, labels, boxes = select_detections(
-            scores.float(), labels, boxes.float(), thresholds, p["nms_iou"], p["max_detections"],
-            self.cfg.cross_class_iou,
-        )
+            candidates = self._numpy_boxes(*low, mount)
         scores_np, labels_np, boxes_np = self._numpy_boxes(scores, labels, boxes, mount)
         t4 = time.perf_counter()
         ms = lambda a, b: (b - a) * 1000.0  # noqa: E731

@@ -274,7 +274,7 @@ def test_a_pipeline_whose_network_computes_garbage_is_refused(small_model, tmp_p
 
 def test_candidates_below_the_thresholds_leave_the_detections_as_they_are():
     """candidate_score (the tracker's second association): the same detections as without it, and beside them the
-    boxes scoring in [candidate_score, their class's threshold) after an NMS of all boxes above candidate_score."""
+    boxes scoring in [candidate_score, their class's threshold) that survive the NMS after the detections."""
     from livox_infer.sim.simulate import simulate_frame
 
     f = simulate_frame("avia", 5, scene="street")
@@ -290,3 +290,19 @@ def test_candidates_below_the_thresholds_leave_the_detections_as_they_are():
     assert np.all(both.candidate_scores >= 0.05) and np.all(both.candidate_scores < thr)
     with pytest.raises(ConfigError, match="candidate_score"):
         pipe.update(candidate_score=1.5)
+
+
+def test_candidates_never_suppress_a_detection_of_another_class():
+    """Cross-class NMS: a car box at 0.5 (below the car threshold 0.55: a candidate) over a pedestrian detection at
+    0.3 (threshold 0.1) leaves the pedestrian; the candidate, suppressed by it, is not returned either."""
+    from livox_infer.detector.postprocess import select_detections, select_detections_and_candidates
+
+    boxes = torch.tensor([[10.0, 0.0, 0.0, 4.0, 1.8, 1.5, 0.0], [10.0, 0.0, 0.0, 4.0, 1.8, 1.5, 0.0],
+                          [30.0, 5.0, 0.0, 4.0, 1.8, 1.5, 0.0], [20.0, -5.0, 0.0, 4.0, 1.8, 1.5, 0.0]])
+    scores, labels = torch.tensor([0.5, 0.3, 0.4, 0.9]), torch.tensor([0, 1, 0, 0])
+    args = ((0.55, 0.1), (0.5, 0.5), 100, 0.3)
+    plain = select_detections(scores, labels, boxes, *args)
+    (s, l, b), (cs, cl, cb) = select_detections_and_candidates(scores, labels, boxes, (0.55, 0.1), 0.2, *args[1:])
+    assert torch.equal(s, plain[0]) and torch.equal(l, plain[1]) and torch.equal(b, plain[2])
+    assert sorted(s.tolist()) == pytest.approx([0.3, 0.9])
+    assert cs.tolist() == pytest.approx([0.4]) and cl.tolist() == [0] and float(cb[0, 0]) == 30.0

@@ -138,3 +138,23 @@ def select_detections(
     boxes = boxes[idx].clone()
     boxes[:, 6] = axis_angle(boxes[:, 6])
     return scores[idx], labels[idx], boxes
+
+
+def select_detections_and_candidates(
+    scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, score_thresholds, candidate_score: float,
+    nms_iou, max_detections: int, cross_class_iou: float | None = None,
+):
+    """`select_detections`, and beside them the boxes scoring in [candidate_score, their class's threshold) that the
+    same NMS keeps: ((scores, labels, boxes) of the detections, the same of the candidates). One NMS in which every box
+    above its threshold goes before every candidate, so the detections are exactly `select_detections`' (a candidate
+    of one class never suppresses a detection of another) and the NMS runs once."""
+    thr = torch.as_tensor(score_thresholds, dtype=scores.dtype, device=scores.device)[labels]
+    keep = scores >= torch.clamp(thr, max=float(candidate_score))
+    scores, labels, boxes, thr = scores[keep], labels[keep], boxes[keep], thr[keep]
+    above = scores >= thr
+    priority = scores + 2.0 * above.to(scores.dtype)  # scores lie in [0, 1]: the detections sort first
+    idx = rotated_nms(boxes, priority, labels, list(nms_iou), max_detections, cross_class_iou)
+    boxes = boxes[idx].clone()
+    boxes[:, 6] = axis_angle(boxes[:, 6])
+    scores, labels, det = scores[idx], labels[idx], above[idx]
+    return (scores[det], labels[det], boxes[det]), (scores[~det], labels[~det], boxes[~det])
