@@ -244,12 +244,7 @@ class DetectionPipeline:
                 log.info("pipeline ready: %s", self.startup.summary())
                 return
         with self.startup.phase("weights"):
-            infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device, p["test_time_flip"])
-        self.weights_file = weights
-        self._stage2 = infer.net if self.cfg.refine else None  # the detector module runs its own stage 2
-        self._eager = infer
-        self._runner = infer
-        self.compiled = False
+            self._use_eager(weights)
         self.compile_error: str | None = None
         if no_package and p.get("build_package") and self._start_package_build(weights, no_package):
             pass  # eager until the package is built (detect() switches to it)
@@ -257,7 +252,7 @@ class DetectionPipeline:
             if no_package:
                 self.startup.notes.append(f"torch.compile, since {no_package}")
             with self.startup.phase("compile"), self.startup.inductor_cache():
-                self._compile(infer)
+                self._compile(self._eager)
         log.info("pipeline ready: %s", self.startup.summary())
 
     def _start_package_build(self, weights: Path, why: str) -> bool:
@@ -326,18 +321,19 @@ class DetectionPipeline:
             self.package_build_error = f"{type(exc).__name__}: {exc}"
             log.warning("the AOTInductor package built in the background did not load (%s): the network stays eager",
                         self.package_build_error)
-            self._restore_eager(weights)
+            self._use_eager(weights)
             return
         note = (f"switched to the AOTInductor package {build.package.name} built in the background, "
                 f"{build.elapsed_s():.0f} s after start-up (loaded in {time.perf_counter() - t0:.1f} s)")
         self.startup.notes.append(note)
         log.info("%s", note)
 
-    def _restore_eager(self, weights: Path) -> None:
+    def _use_eager(self, weights: Path) -> None:
+        """Run the eager network of ``weights`` (built at start-up, or again when a package built later fails)."""
         infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device,
                                                          self._net_params["test_time_flip"])
         self.weights_file = weights
-        self._stage2 = infer.net if self.cfg.refine else None
+        self._stage2 = infer.net if self.cfg.refine else None  # the detector module runs its own stage 2
         self._eager = self._runner = infer
         self.compiled = False
         self.network_backend = "eager"

@@ -130,6 +130,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"{found} matches already (model, grid, weights, threads, CPU, torch): nothing to do")
                 return 0
         t0 = time.time()
+        locked = None  # the package path whose build lock this (background) export holds
         if args.background_of:
             from livox_infer.cache import packages_dir
             from livox_infer.detector import package_build
@@ -141,12 +142,12 @@ def main(args: argparse.Namespace) -> int:
             if not package_build.take_lock(target):
                 print(f"another process builds {target} already (lock {package_build.lock_path(target)})")
                 return package_build.LOCKED_EXIT
-            try:
-                path = export_package(cfg, weights, out, args.device, args.test_time_flip)
-            finally:
-                package_build.release_lock(target)
-        else:
+            locked = target
+        try:
             path = export_package(cfg, weights, out, args.device, args.test_time_flip)
+        finally:
+            if locked is not None:
+                package_build.release_lock(locked)
         (x0, x1), (y0, y1) = cfg.grid.x_range, cfg.grid.y_range
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, grid x {x0:g}..{x1:g} m, y {y0:g}..{y1:g} m, "
               f"{torch.get_num_threads()} threads) in {time.time() - t0:.0f} s; its sha256 is recorded as trusted in "
