@@ -23,6 +23,10 @@ continuous trajectory, so non-repetitive patterns differ frame to frame and fill
   columns inside the forward cone ``fov_h_deg`` are fired (what a forward Livox sees), in sweep order.
   Training on ring patterns too keeps the detector from fitting one scan pattern; they are also the
   sensors of the real labelled scans (KITTI, Argoverse 2) the detector is validated on.
+  ``spinrand`` is a different spinning LiDAR for every seed (`random_spin_sensor`): 16-128 beams, evenly
+  spaced or bunched around the horizon as on 32/40-beam automotive sensors (VLP-32C, Pandar40), or in two
+  blocks (HDL-64E), with its own vertical FOV, column step, range and beam width, so that the detector does
+  not learn the three proxies' ring spacings.
 """
 
 from __future__ import annotations
@@ -261,8 +265,64 @@ PROXY_SENSORS: dict[str, SensorModel] = {
 }
 
 
-def get_sensor(name: str | SensorModel) -> SensorModel:
-    """A Livox model from SENSORS, or a spinning training proxy from PROXY_SENSORS."""
+RANDOM_SPIN = "spinrand"
+SPIN_BEAMS = (16, 32, 40, 64, 128)
+SPIN_LAYOUTS = ("uniform", "horizon_band", "two_blocks")
+MAX_SPIN_RAYS = 60_000  # a 128-beam draw widens its column step to stay within this many rays per frame
+
+
+def _spin_elevations(rng: np.random.Generator, n: int, layout: str) -> np.ndarray:
+    """``n`` beam elevations (deg, top first) of one ``layout``."""
+    top = rng.uniform(2.0, 15.0)
+    bottom = -rng.uniform(15.0, 25.0)
+    if layout == "uniform":  # VLP-16, OS1-64/128
+        el = np.linspace(top, bottom, n)
+    elif layout == "horizon_band":  # VLP-32C, Pandar40: fine spacing in a band around the horizon
+        step = rng.uniform(0.17, 0.4)
+        n_band = int(round(n * rng.uniform(0.45, 0.7)))
+        band_top = rng.uniform(1.0, 3.0)
+        band_bottom = max(band_top - step * (n_band - 1), bottom + 3.0)
+        n_up = max(1, (n - n_band) // 3)
+        n_down = n - n_band - n_up
+        top = max(top, band_top + 0.8 * n_up)  # the rows above the band stay sparse, as below it
+        # sparse rows widen away from the band (VLP-32C: 0.33 deg near 0, 4.7 deg at the top)
+        up = band_top + (top - band_top) * (np.arange(n_up, 0, -1) / n_up) ** 1.5
+        band = np.linspace(band_top, band_bottom, n_band)
+        down = band_bottom - (band_bottom - bottom) * (np.arange(1, n_down + 1) / n_down) ** 1.5
+        el = np.r_[up, band, down]
+    elif layout == "two_blocks":  # HDL-64E: a denser upper block and a sparser lower one
+        mid = rng.uniform(-10.0, -6.0)
+        upper = np.linspace(min(top, 4.0), mid, n // 2)
+        lower = np.linspace(mid - 0.5, bottom, n - n // 2)
+        el = np.r_[upper, lower]
+    else:  # pragma: no cover - SPIN_LAYOUTS
+        raise ConfigError(f"unknown beam layout {layout!r}")
+    el = el + rng.normal(0.0, 0.02, n)  # mounting tolerance of each laser
+    return np.sort(el)[::-1]
+
+
+def random_spin_sensor(seed: int) -> SensorModel:
+    """The ``spinrand`` sensor of one seed: a spinning multi-beam LiDAR drawn at random (forward +-45 deg cone)."""
+    rng = np.random.default_rng([int(seed), 8111])
+    n = int(rng.choice(SPIN_BEAMS))
+    layout = str(rng.choice(SPIN_LAYOUTS))
+    el = _spin_elevations(rng, n, layout)
+    fov_h = 90.0
+    az_step = max(float(rng.uniform(0.1, 0.4)), fov_h * n / MAX_SPIN_RAYS)
+    r10 = float(rng.uniform(60.0, 120.0))
+    return SensorModel(
+        name=RANDOM_SPIN, point_rate=0.0, n_lines=n, fov_shape="rect", fov_h_deg=fov_h,
+        fov_v_deg=float(el[0] - el[-1]), pattern="spin", range_min=float(rng.uniform(0.5, 1.5)),
+        range_at_10pct=r10, range_at_80pct=r10 * float(rng.uniform(1.4, 2.0)),
+        range_noise=float(rng.uniform(0.015, 0.04)), beam_elevations_deg=tuple(np.round(el, 3)),
+        az_step_deg=round(az_step, 4), beam_divergence_deg=float(rng.uniform(0.1, 0.25)),
+        extra={"layout": layout},
+    )
+
+
+def get_sensor(name: str | SensorModel, seed: int = 0) -> SensorModel:
+    """A Livox model from SENSORS, a spinning training proxy from PROXY_SENSORS, or ``spinrand``: the random
+    spinning LiDAR of ``seed`` (random_spin_sensor)."""
     if isinstance(name, SensorModel):
         return name
     key = str(name).lower().replace("-", "").replace("_", "")
@@ -270,4 +330,7 @@ def get_sensor(name: str | SensorModel) -> SensorModel:
         return SENSORS[key]
     if key in PROXY_SENSORS:
         return PROXY_SENSORS[key]
-    raise ConfigError(f"unknown sensor {name!r}; choose one of {sorted(SENSORS) + sorted(PROXY_SENSORS)}")
+    if key == RANDOM_SPIN:
+        return random_spin_sensor(seed)
+    raise ConfigError(f"unknown sensor {name!r}; choose one of "
+                      f"{sorted(SENSORS) + sorted(PROXY_SENSORS) + [RANDOM_SPIN]}")
