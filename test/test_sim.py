@@ -475,6 +475,35 @@ def test_spinning_proxies_fire_rings_inside_the_forward_cone(name, street_scene)
     assert not np.allclose(dirs_to_angles(f.points[valid, :3])[0][:10], dirs_to_angles(g.points[g.valid, :3])[0][:10])
 
 
+def test_spinrand_is_a_different_spinning_lidar_per_seed(street_scene):
+    """spinrand: 16-128 beams in three layouts, one sensor per seed (a drive keeps its sensor), within the ray
+    budget; the bunched layout is finer near the horizon than at its ends, as a Pandar40 / VLP-32C is."""
+    from livox_infer.sim.sensors import MAX_SPIN_RAYS, RANDOM_SPIN, SPIN_BEAMS, SPIN_LAYOUTS, get_sensor
+
+    drawn = [get_sensor(RANDOM_SPIN, s) for s in range(60)]
+    assert {d.n_lines for d in drawn} == set(SPIN_BEAMS)
+    assert {d.extra["layout"] for d in drawn} == set(SPIN_LAYOUTS)
+    assert get_sensor("spin-rand", 7) == drawn[7] and get_sensor(RANDOM_SPIN, 8) != drawn[7]
+    for d in drawn:
+        el = np.asarray(d.beam_elevations_deg)
+        assert len(el) == d.n_lines and np.all(np.diff(el) < 0)  # top first, no two beams on one ring
+        assert 2.0 <= el[0] <= 40.0 and -25.5 <= el[-1] <= -14.5
+        assert d.points_per_frame() <= MAX_SPIN_RAYS + d.n_lines
+        assert 60.0 <= d.range_at_10pct < d.range_at_80pct <= 240.0
+        if d.extra["layout"] == "horizon_band" and d.n_lines >= 32:
+            gaps = -np.diff(el)
+            near = np.abs(el[:-1]) < 2.0
+            assert gaps[near].mean() < 0.5 * min(gaps[0], gaps[-3:].mean())
+    sensor = drawn[4]
+    f = simulate_frame(RANDOM_SPIN, seed=4, scene=street_scene, sensor_height=1.9, pitch_deg=0, roll_deg=0)
+    assert f.sensor == RANDOM_SPIN and len(f.points) == sensor.points_per_frame()
+    far = f.valid & (np.linalg.norm(f.points[:, :3], axis=1) > 5.0)
+    el = dirs_to_angles(f.points[far, :3])[1]
+    assert np.median(np.abs(el[:, None] - np.asarray(sensor.beam_elevations_deg)[None]).min(1)) < 0.1
+    g = simulate_frame(RANDOM_SPIN, seed=4, frame_index=1, scene=street_scene, sensor_height=1.9)
+    assert len(g.points) == len(f.points)  # the same sensor through a drive
+
+
 def test_sensor_height_range_is_drawn_per_seed():
     hs = [simulate_frame("avia", seed=s, scene="open", sensor_height=[1.4, 2.2]).sensor_height for s in range(6)]
     assert all(1.4 <= h <= 2.2 for h in hs) and len(set(hs)) == 6

@@ -278,10 +278,9 @@ def _spin_elevations(rng: np.random.Generator, n: int, layout: str) -> np.ndarra
     if layout == "uniform":  # VLP-16, OS1-64/128
         el = np.linspace(top, bottom, n)
     elif layout == "horizon_band":  # VLP-32C, Pandar40: fine spacing in a band around the horizon
-        step = rng.uniform(0.17, 0.4)
         n_band = int(round(n * rng.uniform(0.45, 0.7)))
         band_top = rng.uniform(1.0, 3.0)
-        band_bottom = max(band_top - step * (n_band - 1), bottom + 3.0)
+        band_bottom = rng.uniform(-8.0, -4.0)  # Pandar40: -6..+2 deg at 0.33, VLP-32C: -4.7..+1.7
         n_up = max(1, (n - n_band) // 3)
         n_down = n - n_band - n_up
         top = max(top, band_top + 0.8 * n_up)  # the rows above the band stay sparse, as below it
