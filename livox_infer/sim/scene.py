@@ -877,7 +877,34 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
             continue
         if add_object(CYCLIST, x, y, yaw, vel, False):
             n_c -= 1
+    _follow_in_lanes(objects, lane_w, lanes_each * lane_w)
     return Scene("street", int(seed), ground, b.build(), objects, ego_y, tilt, (x_lo, x_hi))
+
+
+FOLLOW_HORIZON_S = 10.0  # a vehicle that would reach the one ahead in its lane within this time follows it
+FOLLOW_GAP_M = 2.0  # the least bumper-to-bumper gap kept in a lane
+
+
+def _follow_in_lanes(objects: list[SceneObject], lane_w: float, lanes_half: float) -> None:
+    """Vehicles in one lane do not drive through each other: one that would close to within FOLLOW_GAP_M of the
+    vehicle ahead (moving or standing in the lane) within FOLLOW_HORIZON_S drives at its speed instead (a platoon,
+    or a queue behind a standing one). Front to back, so a chain slows together. Positions at t = 0 and every
+    random draw are unchanged: only followers' speeds drop. Parked vehicles (beyond ``lanes_half``) are not in a
+    lane."""
+    in_lanes = [o for o in objects if o.label in (CAR, TRUCK, BUS) and abs(o.position[1]) < lanes_half]
+    lengths = {id(o): _footprint(o.parts)[0] for o in in_lanes}
+    for sign in (1.0, -1.0):  # +x traffic, then -x traffic
+        lane = [o for o in in_lanes if np.cos(o.yaw) * sign > 0.9]
+        lane.sort(key=lambda o: -sign * o.position[0])  # the front vehicle first
+        for i, o in enumerate(lane):
+            ahead = [a for a in lane[:i] if abs(a.position[1] - o.position[1]) < lane_w / 2]
+            if not ahead:
+                continue
+            lead = min(ahead, key=lambda a: sign * (a.position[0] - o.position[0]))
+            v_o, v_lead = float(np.linalg.norm(o.velocity)), float(np.linalg.norm(lead.velocity))
+            gap = sign * (lead.position[0] - o.position[0]) - (lengths[id(o)] + lengths[id(lead)]) / 2 - FOLLOW_GAP_M
+            if v_o > v_lead and gap < (v_o - v_lead) * FOLLOW_HORIZON_S:
+                o.velocity = o.velocity * (v_lead / v_o)
 
 
 def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=0.0) -> Scene:
