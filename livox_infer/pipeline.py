@@ -35,6 +35,7 @@ from livox_infer.detector.config import ModelConfig
 from livox_infer.ground import Mount, estimate_mount, level_points, median_mount, unlevel_boxes
 from livox_infer.detector.calibration import calibrate_scores, calibration_tables
 from livox_infer.detector.postprocess import build_inference_model, select_detections, select_detections_and_candidates
+from livox_infer.detector.precision import resolve_precision
 from livox_infer.detector.refine import stage2_points
 from livox_infer.decode.pointcloud import (
     DEFAULT_MAX_POINTS,
@@ -169,6 +170,8 @@ class DetectionPipeline:
     candidate_score: also return the boxes scoring in [this, their class's threshold) that survive the NMS after the
         detections, as ``Detections.candidate_*`` (the tracker continues confirmed tracks with them; the detections
         are the same as without); None (default): none.
+    precision: stage 1's backbone and neck in "fp32" or "bf16" (autocast; the head stays fp32); "auto" (default):
+        bf16 on a CPU with AMX, else fp32 (`livox_infer.detector.precision`). ``self.precision`` is the one used.
     """
 
     def __init__(
@@ -195,12 +198,13 @@ class DetectionPipeline:
         bev_extent: Any = None,
         candidate_score: float | None = None,
         build_package: bool = False,
+        precision: str = DEFAULTS["precision"],
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
                                 aoti_package=aoti_package, test_time_flip=bool(test_time_flip),
                                 bev_extent=None if bev_extent is None else tuple(bev_extent),
-                                build_package=bool(build_package))
+                                build_package=bool(build_package), precision=precision)
         self._package_build = None  # PackageBuild while the package is being built in the background
         self.package_build_error: str | None = None  # why the background build gave no package
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
@@ -224,6 +228,7 @@ class DetectionPipeline:
         if dev not in DEVICES and not str(dev).startswith("cuda:"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {dev!r}")
         self.device = resolve_device(dev)  # BackendError for cuda without a GPU
+        self.precision = resolve_precision(p["precision"], self.device)  # of stage 1's backbone and neck
         self._calibration = (calibration_tables(self.cfg.score_calibration, self.device)
                              if self.cfg.score_calibration else None)
         self.network_backend = "eager"
@@ -271,9 +276,9 @@ class DetectionPipeline:
                 self.startup.notes.append("no background package build (the model config is not a file as given)")
                 return False
             target = packages_dir() / package_name(package_fields(self.cfg, weights, self.device,
-                                                                  self._net_params["test_time_flip"]))
+                                                                  self._net_params["test_time_flip"], self.precision))
             command = package_build.export_command(source, weights.resolve(), torch.get_num_threads(), extent,
-                                                   self._net_params["test_time_flip"])
+                                                   self._net_params["test_time_flip"], self.precision)
             self._package_build = package_build.PackageBuild(command, target)
         except (OSError, LivoxInferError) as exc:
             self.startup.notes.append(f"no background package build ({type(exc).__name__}: {exc})")
@@ -331,7 +336,7 @@ class DetectionPipeline:
     def _use_eager(self, weights: Path) -> None:
         """Run the eager network of ``weights`` (built at start-up, or again when a package built later fails)."""
         infer, self.weights_meta = build_inference_model(self.cfg, weights, self.device,
-                                                         self._net_params["test_time_flip"])
+                                                         self._net_params["test_time_flip"], self.precision)
         self.weights_file = weights
         self._stage2 = infer.net if self.cfg.refine else None  # the detector module runs its own stage 2
         self._eager = self._runner = infer
@@ -345,7 +350,8 @@ class DetectionPipeline:
 
         try:
             with self.startup.phase("package lookup"):
-                fields = package_fields(self.cfg, weights, self.device, self._net_params["test_time_flip"])
+                fields = package_fields(self.cfg, weights, self.device, self._net_params["test_time_flip"],
+                                        self.precision)
                 path, why = find_package(fields)
         except (OSError, LivoxInferError) as exc:
             path, why = None, f"no package lookup ({type(exc).__name__}: {exc})"
@@ -362,7 +368,9 @@ class DetectionPipeline:
     def _load_package(self, path: Path, weights: Path | None = None) -> None:
         from livox_infer.detector.aoti import AotiRunner, file_sha256
 
-        runner = AotiRunner(path, self.cfg, self.device, self._net_params["test_time_flip"])
+        runner = AotiRunner(path, self.cfg, self.device, self._net_params["test_time_flip"],
+                            None if self._net_params["precision"] == "auto" else self.precision)
+        self.precision = runner.metadata.get("precision", "fp32")
         weights = weights or self._net_params["weights"]
         if weights and file_sha256(weights) != runner.metadata.get("weights_sha256"):
             raise WeightsError(f"{path} was not exported from {weights} (weights differ); export it again or drop weights")
@@ -446,7 +454,7 @@ class DetectionPipeline:
         """Change parameters at run time. model/weights/device/compile/cuda_graphs rebuild the network;
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent",
-                    "build_package"}
+                    "build_package", "precision"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections", "refine", "max_points", "candidate_score",

@@ -53,7 +53,8 @@ def _export(root):
                 m.running_var.uniform_(0.5, 2.0)
     save_weights(net, cfg, root / "tiny.safetensors", extra={"trained": "no"})
     out = root / "tiny.cpu.pt2"
-    rc = cli_main(["export", "--config", str(cfg_path), "--out", str(out), "--check"])
+    # fp32: the comparisons below are to 1e-5 (bf16, the default on a CPU with AMX: test_precision.py)
+    rc = cli_main(["export", "--config", str(cfg_path), "--out", str(out), "--check", "--precision", "fp32"])
     assert rc == 0 and out.is_file()
     return cfg_path, root / "tiny.safetensors", out
 
@@ -77,9 +78,11 @@ def test_pipeline_with_package_gives_the_eager_detections(package):
     rng = np.random.default_rng(0)
     cloud = np.c_[rng.uniform(0, 25, (3000, 2)) * [1, 1] - [0, 12], rng.uniform(-1.5, 1.0, 3000),
                   rng.uniform(0, 255, 3000)].astype(np.float32)
-    eager = DetectionPipeline(cfg_path, weights=weights, compile=False, sensor_height=1.5, device="cpu")
+    eager = DetectionPipeline(cfg_path, weights=weights, compile=False, sensor_height=1.5, device="cpu",
+                              precision="fp32")
     aoti = DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu")
     assert aoti.network_backend == "aoti" and eager.network_backend == "eager"
+    assert aoti.precision == "fp32"  # "auto" takes the package's own
     assert aoti.weights_meta["trained"] == "no"
     a, b = eager.detect(cloud), aoti.detect(cloud)
     assert len(a) > 0 and len(a) == len(b)
@@ -92,7 +95,7 @@ def test_pipeline_with_package_gives_the_eager_detections(package):
     with pytest.raises(WeightsError, match="not exported from"):
         DetectionPipeline(cfg_path, weights=other, aoti_package=pkg, sensor_height=1.5, device="cpu")
     # switching at run time goes back to the plain network
-    aoti.update(aoti_package=None, compile=False)
+    aoti.update(aoti_package=None, compile=False, precision="fp32")
     assert aoti.network_backend == "eager" and len(aoti.detect(cloud)) == len(a)
 
 
@@ -111,6 +114,8 @@ def test_package_errors(package, tmp_path):
         DetectionPipeline(other, aoti_package=pkg, sensor_height=1.5, device="cpu")
     with pytest.raises(WeightsError, match="test_time_flip"):
         DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu", test_time_flip=True)
+    with pytest.raises(WeightsError, match="precision fp32"):
+        DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu", precision="bf16")
 
 
 def test_export_cli_errors(tmp_path, capsys):
@@ -197,7 +202,7 @@ def test_pipeline_builds_its_package_in_the_background_and_switches_to_it(packag
     cloud = np.c_[rng.uniform(0, 25, (3000, 2)) * [1, 1] - [0, 12], rng.uniform(-1.5, 1.0, 3000),
                   rng.uniform(0, 255, 3000)].astype(np.float32)
     pipe = DetectionPipeline(cfg_path, weights=weights, compile=True, build_package=True, sensor_height=1.5,
-                             device="cpu")
+                             device="cpu", precision="fp32")
     assert pipe.network_backend == "eager" and pipe.package_build_state is not None
     child = pipe._package_build.proc
     eager = pipe.detect(cloud)
@@ -213,5 +218,5 @@ def test_pipeline_builds_its_package_in_the_background_and_switches_to_it(packag
     assert len(eager) > 0 and len(b) == len(eager)
     assert np.allclose(eager.boxes, b.boxes, atol=1e-4) and np.allclose(eager.scores, b.scores, atol=1e-5)
     again = DetectionPipeline(cfg_path, weights=weights, compile=True, build_package=True, sensor_height=1.5,
-                              device="cpu")
+                              device="cpu", precision="fp32")
     assert again.network_backend == "aoti" and again.package_build_state is None

@@ -34,7 +34,7 @@ MODES = ("eager", "compiled", "aoti")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_cli_options(p, ("model", "weights", "device", "sensor", "sensor_height", "threads"),
+    add_cli_options(p, ("model", "weights", "device", "precision", "sensor", "sensor_height", "threads"),
                     helps={"sensor": "simulated sensor of the timed frames (default %(default)s)"})
     p.add_argument("--frames", type=int, default=10, help="distinct simulated frames (cycled)")
     p.add_argument("--iters", type=int, default=100, help="timed calls per mode")
@@ -78,7 +78,7 @@ def build_pipeline(mode: str, args, sensor_height):
     pipe = DetectionPipeline(args.model, weights=args.weights, device=args.device, compile=(mode != "eager"),
                              sensor_height=sensor_height, aoti_package=package,
                              test_time_flip=args.test_time_flip, refine=not args.no_refine,
-                             bev_extent=args.bev_extent)
+                             bev_extent=args.bev_extent, precision=args.precision)
     setup_s = time.perf_counter() - t0
     if mode == "aoti" and pipe.network_backend != "aoti":
         raise ConfigError(f"mode aoti: no package ({'; '.join(pipe.startup.notes)}); give --aoti-package or run "
@@ -162,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     except LivoxInferError as exc:
         print(f"livox-infer bench pipeline: {exc}", file=sys.stderr)
         return 2
-    print(f"pipeline bench: model {pipe.cfg.name} grid {pipe.cfg.grid.shape} on {pipe.device}, "
+    print(f"pipeline bench: model {pipe.cfg.name} grid {pipe.cfg.grid.shape} on {pipe.device} ({pipe.precision}), "
           f"{args.sensor} frames of {n_points} points (Livox PointCloud2), sensor_height {args.sensor_height} "
           f"(true {height:.2f} m), {args.iters} calls per row; {os.cpu_count()} cores, load average "
           f"{load_before:.2f} before the run")

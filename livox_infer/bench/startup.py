@@ -35,7 +35,7 @@ from livox_infer.threads import add_threads_argument
 
 STARTUP_RE = re.compile(r"pipeline ready after [\d.]+ s \((.*)\)$", re.MULTILINE)  # the node's one ready line
 MODES = ("new", "restart", "cold", "warm", "package", "eager")
-SWITCH_RE = re.compile(r"network now \S+ \(aoti\)|no AOTInductor package from the background build")  # node.py
+SWITCH_RE = re.compile(r"network now \S+ \(aoti[,)]|no AOTInductor package from the background build")  # node.py
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -113,8 +113,10 @@ def _grid_mismatch(meta: dict[str, str], cfg: ModelConfig) -> str | None:
             "`livox-infer export --sensor <the preset>` or `--bev-extent X_MIN X_MAX Y_MIN Y_MAX`")
 
 
-def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: torch.device, flip: bool) -> None:
-    """A package of this project, for this architecture and grid, device and test-time flip setting, or WeightsError."""
+def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: torch.device, flip: bool,
+                    precision: str | None = None) -> None:
+    """A package of this project, for this architecture and grid, device, test-time flip setting and (when given)
+    precision, or WeightsError."""
     if meta.get("format") != PACKAGE_FORMAT:
         raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
     if meta.get("architecture_hash") != cfg.architecture_hash():
@@ -132,6 +134,9 @@ def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: 
     if meta.get("test_time_flip", "no") != ("yes" if flip else "no"):
         raise WeightsError(f"{path} was exported with test_time_flip={meta.get('test_time_flip', 'no')}; "
                            "export it again or change test_time_flip")
+    if precision is not None and meta.get("precision", "fp32") != precision:
+        raise WeightsError(f"{path} was exported with precision {meta.get('precision', 'fp32')}; export it again "
+                           f"with --precision {precision} or set precision to auto")
     if meta.get("torch_version") != torch.__version__:
         log.warning("%s was exported with torch %s, running torch %s: re-export if it misbehaves",
                     path, meta.get("torch_version"), torch.__version__)
@@ -175,10 +180,10 @@ def _load_package(file: str):
 # fields below, in the order a mismatch is reported. ``machine`` is the CPU architecture and the vector ISA torch
 # dispatches to (a package holds kernels compiled for it); ``threads`` the intra-op count baked into the kernels.
 MATCH_FIELDS = ("format", "config_name", "bev_extent", "architecture_hash", "weights_sha256", "test_time_flip",
-                "device_type", "machine", "threads", "torch_version")
+                "precision", "device_type", "machine", "threads", "torch_version")
 _FIELD_WORDS = {"format": "package format", "config_name": "model", "architecture_hash": "architecture",
                 "bev_extent": "grid (bev_extent)", "weights_sha256": "weights (sha256)",
-                "test_time_flip": "test_time_flip", "device_type": "device", "machine": "CPU",
+                "test_time_flip": "test_time_flip", "precision": "precision", "device_type": "device", "machine": "CPU",
                 "threads": "threads", "torch_version": "torch version"}
 
 
@@ -192,9 +197,10 @@ def machine_tag(device: torch.device) -> str:
     return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
 
 
-def package_fields(cfg: ModelConfig, weights: str | Path, device: torch.device, flip: bool,
+def package_fields(cfg: ModelConfig, weights: str | Path, device: torch.device, flip: bool, precision: str = "fp32",
                    weights_sha256: str | None = None) -> dict[str, str]:
-    """The MATCH_FIELDS of a package of ``cfg`` + ``weights`` for ``device`` on this machine, now."""
+    """The MATCH_FIELDS of a package of ``cfg`` + ``weights`` for ``device`` on this machine, now; ``precision`` a
+    resolved one (fp32 | bf16, `livox_infer.detector.precision`)."""
     return {
         "format": PACKAGE_FORMAT,
         "config_name": cfg.name,
@@ -202,6 +208,7 @@ def package_fields(cfg: ModelConfig, weights: str | Path, device: torch.device, 
         "bev_extent": extent_text(cfg),
         "weights_sha256": weights_sha256 or file_sha256(weights),
         "test_time_flip": "yes" if flip else "no",
+        "precision": precision,
         "device_type": device.type,
         "machine": machine_tag(device),
         "threads": str(torch.get_num_threads()) if device.type == "cpu" else "-",
@@ -265,7 +272,8 @@ def _private_tmpdir():
 class AotiRunner:
     """A loaded package, callable like the InferenceModel: (1, C, H, W) -> (scores, labels, boxes)."""
 
-    def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device, flip: bool = False) -> None:
+    def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device, flip: bool = False,
+                 precision: str | None = None) -> None:
         path = Path(path)
         data = _trusted_bytes(path)  # before any native code of it is loaded
         with _private_tmpdir() as private:
@@ -276,7 +284,7 @@ class AotiRunner:
                 meta = dict(self._model.get_metadata())
             except Exception as exc:  # noqa: BLE001 - a foreign/corrupt zip, wrong platform, missing symbols
                 raise WeightsError(f"{path} is not a loadable AOTInductor package: {type(exc).__name__}: {exc}") from exc
-            _check_metadata(meta, path, cfg, device, flip)
+            _check_metadata(meta, path, cfg, device, flip, precision)
             with torch.no_grad():  # one call while the extracted files exist: GPU kernel files load at first use
                 self._model(torch.zeros((1, *cfg.grid.shape), device=device).contiguous(memory_format=torch.channels_last))
         self.path = path

@@ -152,12 +152,12 @@ class PackageBuild:
 
 
 def export_command(model_source: str, weights: Path, threads: int, extent: tuple[float, ...] | None,
-                   flip: bool) -> list[str]:
+                   flip: bool, precision: str = "fp32") -> list[str]:
     """`livox-infer export --install --if-missing` of exactly this model, grid, weights and thread count, run as a
     background child of this process."""
     cmd = [sys.executable, "-m", "livox_infer.tools.cli", "export", "--install", "--if-missing",
            "--model", model_source, "--weights", str(weights), "--threads", str(threads),
-           "--background-of", str(os.getpid())]
+           "--precision", precision, "--background-of", str(os.getpid())]
     if extent is not None:
         cmd += ["--bev-extent", *(repr(float(v)) for v in extent)]
     if flip:

@@ -92,36 +92,50 @@ class InferenceModel(nn.Module):
     """Network + top-k decoding: (1, C, H, W) -> scores (k,), labels (k,), boxes (k, 7). Static shapes.
 
     ``flip``: test-time augmentation: the frame and its mirror image (y -> -y) go through the network
-    as a batch of two and their head maps are averaged (`merge_flipped`); ~2x network time."""
+    as a batch of two and their head maps are averaged (`merge_flipped`); ~2x network time.
+    ``amp_dtype``: run the backbone and neck under autocast to this dtype (bf16 on AMX CPUs,
+    `livox_infer.detector.precision`); the head and the decoding stay fp32."""
 
-    def __init__(self, net: BevDetector, cfg: ModelConfig, flip: bool = False) -> None:
+    def __init__(self, net: BevDetector, cfg: ModelConfig, flip: bool = False,
+                 amp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if flip:
             check_flip_symmetric(cfg)
         self.net = net
         self.cfg = cfg
         self.flip = bool(flip)
+        self.amp_dtype = amp_dtype
+
+    def _heads(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.amp_dtype is None:
+            return self.net(bev)
+        with torch.autocast(device_type=bev.device.type, dtype=self.amp_dtype):
+            features = self.net.neck(self.net.backbone(bev))
+        return self.net.head(features.float())
 
     def forward(self, bev: torch.Tensor):
         if self.flip:
-            heads = merge_flipped(self.net(torch.cat([bev, mirror_bev(bev, self.cfg)])))
+            heads = merge_flipped(self._heads(torch.cat([bev, mirror_bev(bev, self.cfg)])))
         else:
-            heads = self.net(bev)
+            heads = self._heads(bev)
         scores, labels, boxes = topk_decode(heads, self.cfg)
         return scores[0], labels[0], boxes[0]
 
 
-def build_inference_model(cfg: ModelConfig, weights, device: torch.device,
-                          flip: bool = False) -> tuple[InferenceModel, dict[str, str]]:
+def build_inference_model(cfg: ModelConfig, weights, device: torch.device, flip: bool = False,
+                          precision: str = "fp32") -> tuple[InferenceModel, dict[str, str]]:
     """Eval-mode network + decoding with BatchNorm folded, channels_last, on ``device``, and the weights'
-    metadata: what the pipeline runs and what `livox-infer export` compiles."""
+    metadata: what the pipeline runs and what `livox-infer export` compiles. ``precision``: a resolved one
+    ("fp32" | "bf16", `livox_infer.detector.precision.resolve_precision`)."""
+    from livox_infer.detector.precision import amp_dtype
     from livox_infer.detector.weights import load_weights
 
     net = build_model(cfg)
     meta = load_weights(net, cfg, weights)
     net.eval()
     fuse_batchnorm(net)
-    infer = InferenceModel(net, cfg, flip=flip).to(device).to(memory_format=torch.channels_last).eval()
+    infer = InferenceModel(net, cfg, flip=flip, amp_dtype=amp_dtype(precision))
+    infer = infer.to(device).to(memory_format=torch.channels_last).eval()
     return infer, meta
 
 

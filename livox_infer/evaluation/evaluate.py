@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gt-topic", default="/livox_infer/ground_truth")
     p.add_argument("--cloud-topic", default=None, help="cloud topic (counts GT points; detection input)")
     # None = not given: the --sensor preset's value (or the default) applies
-    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"), sensor_height=None,
+    add_cli_options(p, ("model", "weights", "device", "compile", "precision", "sensor_height", "threads"), sensor_height=None,
                     helps={"sensor_height": "metres from the sensor down to the ground, or 'auto': estimated per "
                            "cloud (default: the --sensor preset's, else auto)"})
     p.add_argument("--test-time-flip", action="store_true", default=None, help="average the frame and its mirror image")
@@ -191,7 +191,7 @@ def _pipeline(args: argparse.Namespace, weights: str | None = None, model: str |
                  refine=None if args.no_refine is None else not args.no_refine,
                  bev_extent=getattr(args, "bev_extent", None))
     command_line = dict(model=model or args.model, weights=weights or (None if model else args.weights),
-                        device=args.device, compile=args.compile, aoti_package=None,
+                        device=args.device, compile=args.compile, precision=args.precision, aoti_package=None,
                         score_thresholds=_score_thresholds(_default_score_threshold(args)))
     return DetectionPipeline(**cli_pipeline_options(getattr(args, "sensor", None), given, command_line,
                                                     defaults=dict(sensor_height="auto",

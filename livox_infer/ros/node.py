@@ -665,8 +665,9 @@ class DetectorNode(Node):
     # ------------------------------------------------------------------ diagnostics
     def _describe_backend(self) -> str:
         p = self._pipeline
-        if getattr(p, "network_backend", None):  # DetectionPipeline: eager | compiled | aoti
-            return f"{p.device} ({p.network_backend})"
+        if getattr(p, "network_backend", None):  # DetectionPipeline: eager | compiled | aoti, and bf16 where used
+            bf16 = ", bf16" if getattr(p, "precision", "fp32") == "bf16" else ""
+            return f"{p.device} ({p.network_backend}{bf16})"
         backend = getattr(p, "backend", None) or getattr(p, "device", None) or self._values["device"]
         compiled = getattr(p, "compiled", None)
         return str(backend) if compiled is None else f"{backend} ({'compiled' if compiled else 'eager'})"

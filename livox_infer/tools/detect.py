@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="detections JSONL file ('-' for stdout); or --out-dir")
     p.add_argument("--topic", default=None, help="cloud topic in the bag (default: every cloud topic)")
     # None = not given: the --sensor preset's value (or the pipeline's default) applies
-    add_cli_options(p, ("model", "weights", "device", "compile", "sensor_height", "threads"), sensor_height=None,
+    add_cli_options(p, ("model", "weights", "device", "compile", "precision", "sensor_height", "threads"), sensor_height=None,
                     helps={"sensor_height": "metres from the sensor down to the ground, or 'auto': estimated per "
                            "cloud (default: the --sensor preset's, else auto)"})
     p.add_argument("--aoti-package", default=None, help="AOTInductor package from `livox-infer export` (instead of compiling)")

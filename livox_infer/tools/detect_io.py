@@ -32,7 +32,7 @@ def pipeline_kwargs(args: argparse.Namespace, rig=None) -> dict:
                  tag_filter=args.tag_filter, test_time_flip=args.test_time_flip,
                  refine=None if args.no_refine is None else not args.no_refine)
     command_line = dict(model=args.model, weights=args.weights, device=args.device, compile=args.compile,
-                        aoti_package=args.aoti_package)
+                        precision=args.precision, aoti_package=args.aoti_package)
     opts = cli_pipeline_options(args.sensor, given, command_line, defaults=dict(
         sensor_height="auto", tag_filter=DEFAULTS["tag_filter"], test_time_flip=DEFAULTS["test_time_flip"],
         refine=DEFAULTS["refine"]))  # with a preset, the tilt is estimated (the pipeline's default), as in the node

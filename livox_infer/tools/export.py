@@ -23,7 +23,8 @@ import torch
 from livox_infer.detector.aoti import AotiRunner, manifest_path, record_in_manifest
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
-from livox_infer.params import DEFAULTS, SENSOR_PRESETS
+from livox_infer.params import BY_NAME, DEFAULTS, SENSOR_PRESETS
+from livox_infer.detector.precision import PRECISIONS, resolve_precision
 from livox_infer.threads import add_threads_argument
 from livox_infer.detector.postprocess import build_inference_model
 
@@ -34,7 +35,7 @@ log = logging.getLogger("livox_infer.export")
 
 
 def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None, device: str = "cpu",
-                   test_time_flip: bool = False) -> Path:
+                   test_time_flip: bool = False, precision: str = "auto") -> Path:
     """Export ``cfg`` + ``weights`` to an AOTInductor package at ``out``; returns its path. ``out`` None: install
     it into this machine's packages folder (livox_infer.cache.packages_dir) under the name the pipeline looks
     for (`livox_infer.detector.aoti.find_package`), with its match fields beside it (``.json``).
@@ -49,10 +50,11 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
 
     inductor_cache_dir()
     dev = resolve_device(device)
+    precision = resolve_precision(precision, dev)
     weights = Path(weights)
-    infer, meta = build_inference_model(cfg, weights, dev, flip=test_time_flip)
+    infer, meta = build_inference_model(cfg, weights, dev, flip=test_time_flip, precision=precision)
     example = torch.zeros((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
-    fields = package_fields(cfg, weights, dev, test_time_flip)
+    fields = package_fields(cfg, weights, dev, test_time_flip, precision)
     metadata = {**fields, "weights_file": weights.name, "trained": meta.get("trained", "no")}
     install = out is None
     out = packages_dir() / package_name(fields) if install else Path(out)
@@ -92,6 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and torch version is installed already")
     p.add_argument("--test-time-flip", action="store_true",
                    help="bake in test-time flipping (frame + mirror image, averaged); the pipeline must set it too")
+    p.add_argument("--precision", default=DEFAULTS["precision"], choices=PRECISIONS,
+                   help=f"{BY_NAME['precision'].doc} (default %(default)s)")
     p.add_argument("--check", action="store_true", help="load the package and compare it with the eager network")
     # the pipeline's background build (livox_infer/detector/package_build.py): lowest priority, ends with that process
     p.add_argument("--background-of", type=int, default=None, metavar="PID", help=argparse.SUPPRESS)
@@ -124,7 +128,8 @@ def main(args: argparse.Namespace) -> int:
             from livox_infer.detector.aoti import find_package, package_fields, package_name
             from livox_infer.voxelize.voxelizer import resolve_device
 
-            fields = package_fields(cfg, weights, resolve_device(args.device), args.test_time_flip)
+            fields = package_fields(cfg, weights, resolve_device(args.device), args.test_time_flip,
+                                    resolve_precision(args.precision, resolve_device(args.device)))
             found, _ = find_package(fields)
             if found is not None:
                 print(f"{found} matches already (model, grid, weights, threads, CPU, torch): nothing to do")
@@ -144,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
                 return package_build.LOCKED_EXIT
             locked = target
         try:
-            path = export_package(cfg, weights, out, args.device, args.test_time_flip)
+            path = export_package(cfg, weights, out, args.device, args.test_time_flip, args.precision)
         finally:
             if locked is not None:
                 package_build.release_lock(locked)
@@ -153,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
               f"{torch.get_num_threads()} threads) in {time.time() - t0:.0f} s; its sha256 is recorded as trusted in "
               f"{manifest_path()}")
         if args.check:
-            print(check_package(path, cfg, weights, args.device, args.test_time_flip))
+            print(check_package(path, cfg, weights, args.device, args.test_time_flip, args.precision))
     except LivoxInferError as exc:
         print(f"livox-infer export: {exc}", file=sys.stderr)
         return 2
@@ -161,13 +166,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def check_package(path: Path, cfg: ModelConfig, weights: Path, device: str = "cpu", flip: bool = False,
-                  iters: int = 20) -> str:
-    """Largest output difference vs the eager module on a random BEV, and the time per call of both."""
+                  precision: str = "auto", iters: int = 20) -> str:
+    """Largest output difference vs the eager module (same precision) on a random BEV, and the time per call of both."""
     from livox_infer.voxelize.voxelizer import resolve_device
 
     dev = resolve_device(device)
-    runner = AotiRunner(path, cfg, dev, flip)
-    infer, _ = build_inference_model(cfg, weights, dev, flip=flip)
+    precision = resolve_precision(precision, dev)
+    runner = AotiRunner(path, cfg, dev, flip, precision)
+    infer, _ = build_inference_model(cfg, weights, dev, flip=flip, precision=precision)
     x = torch.rand((1, *cfg.grid.shape), device=dev).contiguous(memory_format=torch.channels_last)
     out: dict[str, Any] = {}
     with torch.no_grad():
