@@ -201,6 +201,30 @@ def test_compiled_stage_2_matches_the_eager_one():
         assert torch.equal(fast[1], eager[1])
 
 
+def test_classes_stage_2_does_not_refine_keep_stage_1_and_take_no_roi():
+    """refine.classes: a class stage 2 was never trained on (trucks and buses for the shipped refiner) keeps its
+    stage-1 score and box, and its candidates do not use up the RoIs of the refined classes."""
+    net = RoiRefiner(RefineConfig(rois=2, points=16, point_channels=(8,), hidden=(8,)), 3).eval()
+    with torch.no_grad():
+        net.residual.bias.fill_(0.1)  # refined boxes move
+    scores, labels = torch.tensor([0.9, 0.6, 0.3]), torch.tensor([2, 0, 1])
+    cfg = RefineConfig(rois=2, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 1.0, 1.0),
+                       refined=(True, True, False))
+    s, l, b = refine_candidates(net, cfg, 3, _points(), scores, labels, BOXES, 255.0)
+    assert l.tolist() == [0, 1, 2]  # the two refined candidates (both RoIs), then class 2's unchanged
+    assert s[2] == scores[0] and torch.equal(b[2], BOXES[0])
+    every = RefineConfig(rois=2, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 1.0, 1.0))
+    s_all, l_all, b_all = refine_candidates(net, every, 3, _points(), scores[1:], labels[1:], BOXES[1:], 255.0)
+    assert torch.allclose(s[:2], s_all) and torch.equal(b[:2], b_all)  # the refined ones as without class 2
+    cfg5 = ModelConfig.from_dict(_cfg_dict({"classes": ["car", "pedestrian", "cyclist"]}), source="t")
+    assert cfg5.refine.refined == (True, True, True, False, False)
+    assert ModelConfig.from_dict(cfg5.to_dict(), source="t") == cfg5
+    assert cfg5.architecture_hash() == ModelConfig.from_dict(_cfg_dict({}), source="t").architecture_hash()
+    for bad in (["lorry"], [], "car"):
+        with pytest.raises(ConfigError, match="refine.classes"):
+            ModelConfig.from_dict(_cfg_dict({"classes": bad}), source="t")
+
+
 def test_refine_config_section():
     plain = ModelConfig.from_dict(_cfg_dict(), source="t")
     assert plain.refine is None and "refine" not in plain.architecture()

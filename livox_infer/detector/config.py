@@ -340,7 +340,9 @@ class ModelConfig:
             **({"refine": {"rois": self.refine.rois, "points": self.refine.points, "margin": self.refine.margin,
                            "point_channels": list(self.refine.point_channels), "hidden": list(self.refine.hidden),
                            "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes,
-                           **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {})}}
+                           **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {}),
+                           **({} if all(self.refine.refined) else
+                              {"classes": [c for c, r in zip(self.classes, self.refine.refined) if r]})}}
                if self.refine else {}),
             **({} if self.use_intensity else {"use_intensity": False}),
             **({"score_calibration": {c: [list(k) for k in knots] for c, knots in zip(self.classes, self.score_calibration)

@@ -63,6 +63,8 @@ class RefineConfig:
     score_alpha: tuple[float, ...] = (0.75, 0.75, 0.75)  # per class; run time
     passes: int = 1  # refiner applications at inference, each on the previous pass's boxes; run time
     visibility: tuple[int, int] | None = None  # (along, across) ray-visibility samples per RoI, None = off
+    # per class: does stage 2 refine it? A class it was never trained on keeps stage 1's score and box; run time
+    refined: tuple[bool, ...] = (True, True, True)
 
     def architecture(self) -> dict:
         """What the refiner's weights depend on (``rois``, ``score_alpha`` and ``passes`` do not). Without
@@ -359,7 +361,13 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     """Stage 2 on one frame: the first ``rois`` candidates of `topk_decode` (highest heat first) -> their
     re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame; ``passes``
     refiner applications (default: the config's), each on the previous one's boxes. ``compiled``: a
-    `CompiledRefiner` to run the costly parts with."""
+    `CompiledRefiner` to run the costly parts with. Candidates of a class stage 2 does not refine (``cfg.refined``)
+    take no RoI and come after the refined ones unchanged (stage 1's score and box)."""
+    through = None
+    if not all(cfg.refined):
+        refined = torch.tensor(cfg.refined, dtype=torch.bool, device=labels.device)[labels]
+        through = (scores[~refined].float(), labels[~refined], boxes[~refined].float())
+        scores, labels, boxes = scores[refined], labels[refined], boxes[refined]
     r = min(rois or cfg.rois, scores.shape[0])
     scores, labels, boxes = scores[:r].float(), labels[:r], boxes[:r].float()
     points = points.float()
@@ -377,6 +385,8 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
         # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
         new_scores = torch.where(valid.any(dim=1), new_scores, torch.minimum(new_scores, scores))
         boxes = next_boxes(boxes, residual, valid)
+    if through is not None:
+        return torch.cat([new_scores, through[0]]), torch.cat([labels, through[1]]), torch.cat([boxes, through[2]])
     return new_scores, labels, boxes
 
 
@@ -392,7 +402,7 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
 
     if section is None:
         return None
-    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha", "passes", "visibility"}
+    allowed = {"rois", "points", "margin", "point_channels", "hidden", "score_alpha", "passes", "visibility", "classes"}
     if not isinstance(section, dict) or set(section) - allowed:
         raise ConfigError(f"model config {source}: bad refine section {section!r}; allowed keys {sorted(allowed)}")
     d = RefineConfig()
@@ -415,7 +425,20 @@ def parse_refine(section, classes: tuple[str, ...], source: str, per_class, posi
         hidden=positive_ints(section.get("hidden", d.hidden), "refine.hidden"),
         score_alpha=per_class(section.get("score_alpha", 0.75), classes, "refine.score_alpha", 0.0, 1.0),
         passes=passes, visibility=tuple(visibility) if visibility else None,
+        refined=_refined_classes(section.get("classes"), classes, source),
     )
+
+
+def _refined_classes(names, classes: tuple[str, ...], source: str) -> tuple[bool, ...]:
+    """``refine.classes`` (the classes stage 2 refines; absent: all) as one flag per class."""
+    from livox_infer.errors import ConfigError
+
+    if names is None:
+        return tuple(True for _ in classes)
+    if not isinstance(names, (list, tuple)) or not names or any(n not in classes for n in names):
+        raise ConfigError(f"model config {source}: refine.classes must be a non-empty list of the model's classes "
+                          f"{list(classes)}, got {names!r}")
+    return tuple(c in names for c in classes)
 
 
 
