@@ -216,6 +216,8 @@ def test_classes_stage_2_does_not_refine_keep_stage_1_and_take_no_roi():
     every = RefineConfig(rois=2, points=16, point_channels=(8,), hidden=(8,), score_alpha=(1.0, 1.0, 1.0))
     s_all, l_all, b_all = refine_candidates(net, every, 3, _points(), scores[1:], labels[1:], BOXES[1:], 255.0)
     assert torch.allclose(s[:2], s_all) and torch.equal(b[:2], b_all)  # the refined ones as without class 2
+    only = refine_candidates(net, cfg, 3, _points(), scores[:1], labels[:1], BOXES[:1], 255.0)  # none to refine
+    assert only[0].tolist() == [scores[0].item()] and torch.equal(only[2], BOXES[:1])
     cfg5 = ModelConfig.from_dict(_cfg_dict({"classes": ["car", "pedestrian", "cyclist"]}), source="t")
     assert cfg5.refine.refined == (True, True, True, False, False)
     assert ModelConfig.from_dict(cfg5.to_dict(), source="t") == cfg5

@@ -374,7 +374,7 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
     new_scores = scores
     hits = first_hit_map(points) if cfg.visibility else None
-    for _ in range(passes or cfg.passes):
+    for _ in range(passes or cfg.passes) if r else ():  # no candidate of a refined class: nothing to refine
         feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale,
                                           None if compiled is None else compiled.features)
         context = refiner_context(cfg, num_classes, scores, labels, boxes, hits)
