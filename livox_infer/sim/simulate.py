@@ -126,10 +126,10 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     sensor default 0.02), dropout (0.01), mixed_edges (True), false_alarm_rate (1e-4),
     max_box_range (m, 200: objects further away get no box).
     """
-    sensor_model = get_sensor(sensor, seed if isinstance(seed, (int, np.integer)) and seed >= 0 else 0)
     for name, v in (("seed", seed), ("frame_index", frame_index)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ConfigError(f"{name} must be a non-negative integer, got {v!r}")
+    sensor_model = get_sensor(sensor, seed)
     scene_kw, kw = _split_options(options)
     scn = _resolve_scene(scene, seed, scene_kw)
     period = float(kw.get("period", 0.1))

@@ -23,8 +23,8 @@ import torch
 from livox_infer.detector.aoti import AotiRunner, manifest_path, record_in_manifest
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
-from livox_infer.params import BY_NAME, DEFAULTS, SENSOR_PRESETS
-from livox_infer.detector.precision import PRECISIONS, resolve_precision
+from livox_infer.params import BY_NAME, DEFAULTS, PRECISIONS, SENSOR_PRESETS
+from livox_infer.detector.precision import resolve_precision
 from livox_infer.threads import add_threads_argument
 from livox_infer.detector.postprocess import build_inference_model
 

@@ -36,6 +36,7 @@ from livox_infer.detector.config import ModelConfig
 from livox_infer.evaluation.metrics import FrameBoxes, evaluate
 from livox_infer.evaluation.options import parse_sim_options
 from livox_infer.ground import Mount, level_boxes, level_points, levelling_rotation
+from livox_infer.params import PRECISIONS  # the same choices as at inference (auto picks per device)
 from livox_infer.training.frame import Frame, points_with_age, sim_returns, training_mount
 from livox_infer.training.losses import detection_loss
 from livox_infer.detector.network import build_model
@@ -439,7 +440,6 @@ def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]
     return int(meta["step"]), float(meta.get("best", "-inf"))
 
 
-PRECISIONS = ("auto", "fp32", "bf16")
 STAGES = ("detector", "refine")
 
 
@@ -456,8 +456,9 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    return torch.bfloat16 if device.type == "cpu" and amx() else None
+    from livox_infer.detector.precision import cpu_has_amx
+
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else None
 
 
 def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch.Tensor], cfg: ModelConfig,
