@@ -7,6 +7,8 @@
   which torch writes into the environment the first time inductor is imported and which used to win by accident).
 - ``packages/``: AOTInductor packages built for this machine (``make package``,
   ``livox-infer export --install``), found by `livox_infer.detector.aoti.find_package`.
+- ``precompiled/``: torch.compile's compiled functions saved by a start that compiled, so the next start loads them
+  without tracing (`livox_infer.detector.precompiled`).
 
 The node, ``livox-infer detect``, the benches, the Makefile and ``scripts/device_check.sh`` all use this
 function; none of them names another folder.
@@ -48,3 +50,8 @@ def inductor_cache_dir() -> Path:
 def packages_dir() -> Path:
     """Where the AOTInductor packages built for this machine live."""
     return cache_root() / "packages"
+
+
+def precompiled_dir() -> Path:
+    """Where torch.compile's saved compiled functions live (`livox_infer.detector.precompiled`)."""
+    return cache_root() / "precompiled"

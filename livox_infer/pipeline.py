@@ -221,6 +221,7 @@ class DetectionPipeline:
         p = self._net_params
         self._stop_package_build()  # a build for the settings before a rebuild is not needed any more
         self.startup = StartupLog()  # phases of this build, for the log and the node's start-up line
+        self._fields: dict[str, str] | None = None  # what a package or saved compile must match (aoti.package_fields)
         self.cfg = p["model"] if isinstance(p["model"], ModelConfig) else ModelConfig.load(p["model"])
         if p.get("bev_extent") is not None:  # same weights on a per-sensor grid (the network is convolutional)
             self.cfg = self.cfg.with_extent(p["bev_extent"])
@@ -350,8 +351,8 @@ class DetectionPipeline:
 
         try:
             with self.startup.phase("package lookup"):
-                fields = package_fields(self.cfg, weights, self.device, self._net_params["test_time_flip"],
-                                        self.precision)
+                fields = self._fields = package_fields(self.cfg, weights, self.device,
+                                                       self._net_params["test_time_flip"], self.precision)
                 path, why = find_package(fields)
         except (OSError, LivoxInferError) as exc:
             path, why = None, f"no package lookup ({type(exc).__name__}: {exc})"
@@ -404,10 +405,13 @@ class DetectionPipeline:
             # the network ("inductor graph cache bypassed"). Without it a second start loads both from the cache
             # (docs/performance.md, Start-up). Freezing + pre-packing is kept for the AOTInductor package, which is
             # compiled once per machine (livox_infer/tools/export.py).
-            compiled = torch.compile(infer, dynamic=False, fullgraph=True, mode=mode)
-            with torch.no_grad():
-                for _ in range(3 if mode else 1):  # warm-up: compile (and record the CUDA graph) now
-                    compiled(self._input)
+            if self.device.type == "cpu":  # a restart loads what this start compiles (detector/precompiled.py)
+                compiled = self._compile_saved(infer, (self._input,), "network")
+            else:
+                compiled = torch.compile(infer, dynamic=False, fullgraph=True, mode=mode)
+                with torch.no_grad():
+                    for _ in range(3 if mode else 1):  # warm-up: compile (and record the CUDA graph) now
+                        compiled(self._input)
             self._runner = compiled
             self.compiled = True
             self.network_backend = "compiled"
@@ -418,6 +422,20 @@ class DetectionPipeline:
             return
         if self._stage2 is not None and self.device.type == "cpu":
             self._compile_refiner()
+
+    def _compile_saved(self, fn: Any, example_args: tuple, part: str, dynamic: bool = False) -> Any:
+        """torch.compile ``fn`` (run once on ``example_args``), or load what an earlier start compiled for the same
+        settings, weights and code; which of the two it was goes into the start-up summary."""
+        from livox_infer.detector.aoti import package_fields
+        from livox_infer.detector.precompiled import compile_saved
+
+        if self._fields is None:
+            self._fields = package_fields(self.cfg, self.weights_file, self.device, self._net_params["test_time_flip"],
+                                          self.precision)
+        with torch.no_grad():
+            compiled, how = compile_saved(fn, example_args, part, self._fields, dynamic=dynamic)
+        self.startup.notes.append(f"{part} {how}")
+        return compiled
 
     def _compile_refiner(self) -> None:
         """Stage 2's costly parts compiled too (on the CPU, where they are a third of a frame; issue 33). They
@@ -435,17 +453,23 @@ class DetectionPipeline:
     def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor) -> None:
         """Compile stage 2's parts now, not on the first real frame: its point features compile at their first
         call with at least `refine.points` points near the boxes."""
-        from livox_infer.detector.refine import POINT_FEATURES, context_size
+        from livox_infer.detector.refine import POINT_FEATURES, context_size, sampled_features
 
         rc, compiled = self.cfg.refine, self._stage2.compiled_refiner
         try:
             n = max(rc.points, 256)
-            compiled.features(points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
-                              rc.points, rc.margin, self.grid.intensity_scale)
             dev = dict(device=self.device)
-            compiled.refiner(torch.zeros(rc.rois, rc.points, POINT_FEATURES, **dev),
-                             torch.ones(rc.rois, rc.points, dtype=torch.bool, **dev),
-                             torch.zeros(rc.rois, context_size(self.cfg.num_classes, rc.visibility_size), **dev))
+            features_args = (points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
+                             rc.points, rc.margin, self.grid.intensity_scale)
+            refiner_args = (torch.zeros(rc.rois, rc.points, POINT_FEATURES, **dev),
+                            torch.ones(rc.rois, rc.points, dtype=torch.bool, **dev),
+                            torch.zeros(rc.rois, context_size(self.cfg.num_classes, rc.visibility_size), **dev))
+            if self.device.type == "cpu":  # saved for the next start, like the network
+                compiled.features = self._compile_saved(sampled_features, features_args, "stage2_features", dynamic=True)
+                compiled.refiner = self._compile_saved(self._stage2.refiner, refiner_args, "stage2_refiner")
+            else:
+                compiled.features(*features_args)
+                compiled.refiner(*refiner_args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
             self._refiner_compile_failed(exc)
 

@@ -17,7 +17,7 @@ from livox_infer.detector import ModelConfig, build_model, load_weights, save_we
 from livox_infer.training import train as train_mod
 from livox_infer.detector.boxes import axis_angle, paired_bev_iou
 from livox_infer.detector.refine import (
-    POINT_FEATURES, VIS_OBSTACLE_Z, CompiledRefiner, RefineConfig, RoiRefiner, _GOLDEN, apply_residuals, context_size,
+    POINT_FEATURES, VIS_OBSTACLE_Z, CompiledRefiner, RefineConfig, RoiRefiner, apply_residuals, context_size,
     encode_residuals, first_hit_map, match_candidates, refine_candidates, refine_loss, roi_context,
     roi_point_features, roi_visibility,
 )
@@ -49,7 +49,8 @@ def _reference_features(points, boxes, n_samples, margin, scale):
     """One box at a time, in plain Python: the points inside the enlarged box, largest hash first."""
     feats = torch.zeros(boxes.shape[0], n_samples, POINT_FEATURES)
     valid = torch.zeros(boxes.shape[0], n_samples, dtype=torch.bool)
-    key = [math.modf(i * _GOLDEN)[0] for i in range(points.shape[0])]
+    golden = (math.sqrt(5) - 1) / 2
+    key = [math.modf(i * golden)[0] for i in range(points.shape[0])]
     for r, (x, y, z, l, w, h, yaw) in enumerate(boxes.tolist()):
         c, s = math.cos(yaw), math.sin(yaw)
         hl, hw, hh = l / 2 + margin, w / 2 + margin, h / 2 + margin

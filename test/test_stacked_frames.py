@@ -167,12 +167,14 @@ def test_stacked_shards_round_trip_and_prepare_feeds_ages(tmp_path):
         train_mod.parse_stack("a")
 
 
-def test_a_stage_2_that_fails_to_compile_runs_eagerly(monkeypatch, caplog):
+def test_a_stage_2_that_fails_to_compile_runs_eagerly(monkeypatch, caplog, tmp_path):
     """The compiled pipeline warms stage 2's compiled parts up at start; a compiler failure there leaves stage 2
     eager with one warning instead of failing the frame (issue 33)."""
     import logging
 
     from livox_infer.pipeline import DetectionPipeline
+
+    monkeypatch.setenv("LIVOX_INFER_CACHE_DIR", str(tmp_path))  # nothing saved by an earlier start to load instead
 
     pipe = DetectionPipeline(model="lite", compile=False, sensor_height=1.8)
 

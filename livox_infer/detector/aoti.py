@@ -9,6 +9,7 @@ The checked bytes are copied into a private temporary directory and loaded from 
 check and load), and torch's extraction goes into that directory too, which is removed afterwards. A
 package is also tied to the model config it was exported with (architecture hash in its metadata, checked
 at load), to the CPU ISA / GPU it was built for, and to the torch version (re-export after upgrading torch).
+The manifest also lists torch.compile's saved compiled functions (`livox_infer.detector.precompiled`), code too.
 """
 
 

@@ -44,7 +44,6 @@ LOG_RATIO_LIMIT = 1.0  # residual log size ratios are clamped: one refinement st
 # name; others 0.3): cars need an overlap that refining can finish, small objects overlap less at all
 REGRESSION_MIN_IOU = {"car": 0.5}
 DEFAULT_REGRESSION_MIN_IOU = 0.3
-_GOLDEN = 0.6180339887498949
 # visibility context (`first_hit_map`, `roi_visibility`): rays binned by azimuth; an "obstacle" return is
 # one between these heights above the ground (levelled frame), i.e. something a car body would block
 VIS_AZIMUTH_BINS = 900  # 0.4 deg: ~0.3 m at 40 m
@@ -116,8 +115,9 @@ def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell
 
 
 def _sampling_key(index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Deterministic pseudo-random key in [0, 1) of each point index (golden-ratio hash)."""
-    return torch.frac(index.to(torch.float64) * _GOLDEN).to(dtype)
+    """Deterministic pseudo-random key in [0, 1) of each point index (golden-ratio hash). The constant is a literal,
+    not a module global: a saved compiled function guards a global float by its object id, which no restart keeps."""
+    return torch.frac(index.to(torch.float64) * 0.6180339887498949).to(dtype)
 
 
 def _cap_near(near: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
