@@ -117,8 +117,8 @@ PARAMS: tuple[Param, ...] = (
           "build_package. false: eager, no compile step.", applies=REBUILD),
     Param("build_package", "bool", True, "With use_compile on a CPU and no matching package: true = detect eagerly at "
           "once, build the package in a background process at the lowest CPU priority (20-60 s) and switch to it; "
-          "later starts load it (~2 s). false = torch.compile before the first detection (~10 s with a warm cache, "
-          "~45 s cold).", applies=REBUILD),
+          "later starts load it (~2 s). false = torch.compile before the first detection (~45 s "
+          "cold; ~6-7 s when an earlier start saved what it compiled).", applies=REBUILD),
     # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     Param("aoti_package", "string", "", "AOTInductor package (.pt2) from `livox-infer export`: the network compiled "
           "ahead of time with its weights, no compiler needed; empty = off. Only packages listed in the export "
