@@ -160,10 +160,11 @@ def test_boxes_come_back_in_the_cloud_frame(small_model):
     assert np.allclose(d.boxes[0, :3], centre, atol=1e-4)
 
 
-def test_compile_failure_falls_back_to_eager(small_model, monkeypatch, caplog):
+def test_compile_failure_falls_back_to_eager(small_model, monkeypatch, caplog, tmp_path):
     def broken(*a, **k):
         raise RuntimeError("no compiler here")
 
+    monkeypatch.setenv("LIVOX_INFER_CACHE_DIR", str(tmp_path))  # nothing an earlier start saved to load instead
     monkeypatch.setattr(torch, "compile", broken)
     with caplog.at_level(logging.WARNING):
         pipe = DetectionPipeline(small_model, compile=True)
