@@ -205,3 +205,33 @@ def test_bench_pipeline_tracking_adds_the_trackers_time_to_the_total(capsys):
     with_p50 = float(cells["total + track p50 / p99"].split("/")[0])
     assert 0.0 < track_p50 < 50.0
     assert with_p50 >= total_p50
+
+
+def test_bench_pipeline_interleave_takes_the_pipelines_calls_in_turn():
+    """--interleave: warm-up and timed calls go round the pipelines one call each, so a machine that slows down
+    mid-run slows every mode alike; each pipeline gets its own rows; the ratio line divides by eager's p50."""
+    from types import SimpleNamespace
+
+    from livox_infer.bench.pipeline import STAGES, _ratios, time_interleaved
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name, ms):
+            self.name, self.ms = name, ms
+
+        def detect(self, msg):
+            calls.append((self.name, msg))
+            return Det(self.ms)
+
+    class Det(list):  # no boxes, the timings of one call
+        def __init__(self, ms):
+            super().__init__()
+            self.timings_ms = dict.fromkeys(STAGES, ms)
+    args = SimpleNamespace(warmup=1, iters=3, tracking=False)
+    (ta, _), (tb, _) = time_interleaved([Fake("a", 10.0), Fake("b", 7.0)], ["m0", "m1"], args)
+    assert [c[0] for c in calls] == ["a", "b"] * 4
+    assert [c[1] for c in calls if c[0] == "a"] == ["m0", "m1", "m0", "m1"]
+    assert len(ta["total"]) == len(tb["total"]) == 3 and ta["total"][0] == 10.0 and tb["total"][0] == 7.0
+    rows = [[m, 1, 0] + ["x"] * STAGES.index("total") + [f"{v:.2f} / {v:.2f}"] for m, v in (("eager", 10.0), ("aoti", 7.0))]
+    assert _ratios(rows, ["eager", "aoti"], [0]) == ["load 0: aoti 0.70"]

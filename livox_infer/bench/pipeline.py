@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also time every mode with N busy processes beside it (started and stopped by the bench)")
     p.add_argument("--tracking", action="store_true",
                    help="also time the tracker after every frame (the node's default tracking settings)")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every mode's pipeline first, then call them in turn (one frame each per round), so "
+                        "that the machine's speed changing during the run falls on all modes alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
                    help="run on this grid (a preset's bev_extent) instead of the model's")
@@ -94,42 +97,71 @@ def _tracker(pipe):
     return Tracker(TrackerConfig(), tuple(pipe.cfg.classes))  # the node's defaults (params.TRACKER_DEFAULTS)
 
 
+class _Timed:
+    """One pipeline's timed calls: each `step` detects the next message (and runs the tracker after it, frames 100 ms
+    apart, with ``args.tracking``, as the node does) and records its per-stage milliseconds when ``timed``."""
+
+    def __init__(self, pipe, msgs, args) -> None:
+        self.pipe, self.msgs, self.i, self.stamp, self.n_boxes = pipe, msgs, 0, 0, 0
+        self.tracker = _tracker(pipe) if getattr(args, "tracking", False) else None
+        if self.tracker is not None:  # the node's second association: low-scored boxes too
+            from livox_infer.params import DEFAULTS
+
+            pipe.update(candidate_score=DEFAULTS["tracking_low_score"])
+        self.rows = {k: [] for k in STAGES + (TRACK_STAGES if self.tracker is not None else ())}
+
+    def step(self, timed: bool) -> None:
+        from livox_infer.tracking import candidates_of
+
+        det = self.pipe.detect(self.msgs[self.i % len(self.msgs)])
+        self.i += 1
+        track_ms = 0.0
+        if self.tracker is not None:
+            self.stamp += 100_000_000
+            t0 = time.perf_counter()
+            self.tracker.update(det.boxes, det.labels, det.scores, self.stamp, candidates=candidates_of(det))
+            track_ms = (time.perf_counter() - t0) * 1e3
+        if not timed:
+            return
+        self.n_boxes += len(det)
+        for k in STAGES:
+            self.rows[k].append(det.timings_ms[k])
+        if self.tracker is not None:
+            self.rows["track"].append(track_ms)
+            self.rows["total + track"].append(det.timings_ms["total"] + track_ms)
+
+    def result(self) -> tuple[dict[str, np.ndarray], float]:
+        calls = max(1, len(self.rows["total"]))
+        return {k: np.asarray(v) for k, v in self.rows.items()}, self.n_boxes / calls
+
+
 def time_pipeline(pipe, msgs, args) -> tuple[dict[str, np.ndarray], float]:
     """Per-stage milliseconds of ``args.iters`` calls after ``args.warmup`` untimed ones; mean boxes per frame.
     With ``args.tracking`` the tracker runs after each call (frames 100 ms apart), as the node does."""
-    tracker = _tracker(pipe) if getattr(args, "tracking", False) else None
-    if tracker is not None:  # the node's second association: low-scored boxes too
-        from livox_infer.params import DEFAULTS
-        from livox_infer.tracking import candidates_of
+    return time_interleaved([pipe], msgs, args)[0]
 
-        pipe.update(candidate_score=DEFAULTS["tracking_low_score"])
-    stamp = 0
 
-    def step(i: int):
-        nonlocal stamp
-        det = pipe.detect(msgs[i % len(msgs)])
-        track_ms = 0.0
-        if tracker is not None:
-            stamp += 100_000_000
-            t0 = time.perf_counter()
-            tracker.update(det.boxes, det.labels, det.scores, stamp, candidates=candidates_of(det))
-            track_ms = (time.perf_counter() - t0) * 1e3
-        return det, track_ms
+def time_interleaved(pipes, msgs, args) -> list[tuple[dict[str, np.ndarray], float]]:
+    """`time_pipeline` of several pipelines with their calls taken in turn (one call of each, then the next round),
+    so that a change in the machine's speed during the run (other tenants of a VM, turbo) falls on all of them."""
+    timers = [_Timed(pipe, msgs, args) for pipe in pipes]
+    for timed, rounds in ((False, args.warmup), (True, args.iters)):
+        for _ in range(rounds):
+            for t in timers:
+                t.step(timed)
+    return [t.result() for t in timers]
 
-    for i in range(args.warmup):
-        step(i)
-    stages = STAGES + (TRACK_STAGES if tracker is not None else ())
-    rows = {k: [] for k in stages}
-    n_boxes = 0
-    for i in range(args.iters):
-        det, track_ms = step(i)
-        n_boxes += len(det)
-        for k in STAGES:
-            rows[k].append(det.timings_ms[k])
-        if tracker is not None:
-            rows["track"].append(track_ms)
-            rows["total + track"].append(det.timings_ms["total"] + track_ms)
-    return {k: np.asarray(v) for k, v in rows.items()}, n_boxes / max(1, args.iters)
+
+def _ratios(rows: list[list], modes: list[str], loads: list[int]) -> list[str]:
+    """"total p50 / eager's" per mode and load, when eager was timed."""
+    p50 = {(r[0].rstrip("*"), r[2]): float(r[3 + STAGES.index("total")].split("/")[0]) for r in rows}
+    out = []
+    for load in loads:
+        eager = p50.get(("eager", load))
+        if eager:
+            out.append(f"load {load}: " + ", ".join(f"{m} {p50[(m, load)] / eager:.2f}" for m in modes
+                                                     if m != "eager" and (m, load) in p50))
+    return out
 
 
 def parse_modes(text: str, aoti_package: str | None) -> list[str]:
@@ -150,15 +182,29 @@ def main(args: argparse.Namespace) -> int:
         modes = parse_modes(args.modes, args.aoti_package)
         msgs, height, n_points = make_messages(args.sensor, args.frames, args.seed)
         sh = parse_sensor_height(args.sensor_height)
-        for mode in modes:
-            pipe, setup_s = build_pipeline(mode, args, sh)
-            label = mode + ("*" if mode == "compiled" and not pipe.compiled else "")
+        def row(label, load, timings, boxes, setup_s):
+            return ([label, torch.get_num_threads(), load]
+                    + [f"{np.percentile(timings[s], 50):.2f} / {np.percentile(timings[s], 99):.2f}" for s in stages]
+                    + [f"{setup_s:.1f}", f"{boxes:.1f}"])
+
+        def label(mode, pipe):
+            return mode + ("*" if mode == "compiled" and not pipe.compiled else "")
+
+        if args.interleave:  # all pipelines first, then their calls in turn
+            built = [(mode, *build_pipeline(mode, args, sh)) for mode in modes]
             for load in loads:
                 with busy_processes(load):
-                    timings, boxes = time_pipeline(pipe, msgs, args)
-                rows.append([label, torch.get_num_threads(), load]
-                            + [f"{np.percentile(timings[s], 50):.2f} / {np.percentile(timings[s], 99):.2f}"
-                               for s in stages] + [f"{setup_s:.1f}", f"{boxes:.1f}"])
+                    results = time_interleaved([pipe for _, pipe, _ in built], msgs, args)
+                for (mode, pipe, setup_s), (timings, boxes) in zip(built, results):
+                    rows.append(row(label(mode, pipe), load, timings, boxes, setup_s))
+            pipe = built[-1][1]
+        else:
+            for mode in modes:
+                pipe, setup_s = build_pipeline(mode, args, sh)
+                for load in loads:
+                    with busy_processes(load):
+                        timings, boxes = time_pipeline(pipe, msgs, args)
+                    rows.append(row(label(mode, pipe), load, timings, boxes, setup_s))
     except LivoxInferError as exc:
         print(f"livox-infer bench pipeline: {exc}", file=sys.stderr)
         return 2
@@ -169,6 +215,10 @@ def main(args: argparse.Namespace) -> int:
     print("ms p50 / p99 per stage; load = busy processes started by the bench beside it")
     header = ["mode", "threads", "load"] + [f"{s} p50 / p99" for s in stages] + ["setup s", "boxes"]
     print(format_table(header, rows))
+    ratios = _ratios(rows, modes, loads)
+    if ratios:
+        print(f"total p50 / eager's ({'calls interleaved' if args.interleave else 'modes one after another'}): "
+              + "; ".join(ratios))
     if any(r[0].endswith("*") for r in rows):
         print("* compilation failed; these numbers are eager")
     return 0
