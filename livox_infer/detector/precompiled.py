@@ -7,7 +7,7 @@ restart loads it in ~1.5 s and runs the same kernels.
 
 A file is reused only when it matches all of:
 - the package match fields (`livox_infer.detector.aoti.package_fields`: config, grid, weights' sha256, precision,
-  CPU, threads, torch version) with this format;
+  CPU, threads, torch version) with this format, and the Python version;
 - the sha256 of every source module dynamo traced (a code change re-traces);
 - its own sha256, recorded in the trusted-package manifest when it was written (a saved function is code: a
   pickle and shared libraries, trusted like an AOTInductor package, `livox_infer.detector.aoti`).
@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -142,7 +143,8 @@ class SavedCompile:
 def file_stem(fields: dict[str, str], part: str) -> str:
     from livox_infer.detector.aoti import MATCH_FIELDS
 
-    key = hashlib.sha256(json.dumps([part, *(fields[k] for k in MATCH_FIELDS)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([part, fields.get("python", ""), *(fields[k] for k in MATCH_FIELDS)]).encode()
+                         ).hexdigest()[:12]
     return f"{fields['config_name']}.{part}.{key}"
 
 
@@ -153,7 +155,8 @@ def compile_saved(fn: Callable, example_args: tuple, part: str, fields: dict[str
     names (network, stage2_features, ...); ``fields``: `aoti.package_fields` of the network it belongs to."""
     from livox_infer.cache import precompiled_dir
 
-    fields = {**fields, "format": PRECOMPILED_FORMAT}
+    # dynamo's bytecode belongs to one Python version: two of them sharing the cache keep a file each
+    fields = {**fields, "format": PRECOMPILED_FORMAT, "python": platform.python_version()}
     saved = SavedCompile(fn, (folder or precompiled_dir()) / file_stem(fields, part), fields, dynamic)
     saved(*example_args)
     if saved.not_saved:
