@@ -389,6 +389,7 @@ class DetectionPipeline:
             net = build_model(self.cfg)
             load_weights(net, self.cfg, source)
             self._stage2 = net.to(self.device).eval()
+            self._stage2.compiled_refiner = runner.stage2  # the package's compiled stage-2 parts, if it has them
         self._eager = None
         self._runner = runner
         self.compiled = True
@@ -583,7 +584,7 @@ class DetectionPipeline:
         scores, labels, boxes = self._runner(self._input)
         if self._stage2 is not None:
             with contextlib.ExitStack() as timed:
-                if self._stage2.compiled_refiner is not None:  # its parts compile now (or fall back to eager here)
+                if self._stage2.compiled_refiner is not None and self.network_backend != "aoti":  # compile them now
                     timed.enter_context(self.startup.phase("stage-2 compile"))
                     timed.enter_context(self.startup.inductor_cache())
                     self._warm_up_refiner(points, boxes)

@@ -99,6 +99,50 @@ def test_pipeline_with_package_gives_the_eager_detections(package):
     assert aoti.network_backend == "eager" and len(aoti.detect(cloud)) == len(a)
 
 
+def test_a_cpu_package_holds_stage_2s_costly_parts(package):
+    """Stage 2's point features (dynamic point and box counts) and refiner are compiled into the package beside the
+    network and give the eager parts' values; a call the package was not compiled for (another intensity scale, a
+    single box) runs the eager function instead."""
+    from livox_infer.detector.aoti import STAGE2_PARTS, PackageStage2
+    from livox_infer.detector.refine import POINT_FEATURES, context_size, sampled_features
+
+    cfg_path, weights, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    rc = cfg.refine
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    assert runner.metadata["stage2"] == STAGE2_PARTS and isinstance(runner.stage2, PackageStage2)
+    net = build_model(cfg)
+    from livox_infer.detector.weights import load_weights
+
+    load_weights(net, cfg, weights)
+    net.eval()
+    calls = []
+    compiled_features = runner.stage2._features
+    runner.stage2._features = lambda *a: calls.append(len(a[0])) or compiled_features(*a)
+    torch.manual_seed(2)
+    for n, r in ((300, rc.rois), (5000, 7), (64, 2)):
+        points = torch.rand(n, 4) * torch.tensor([20.0, 20.0, 3.0, 255.0]) - torch.tensor([0.0, 10.0, 1.0, 0.0])
+        boxes = torch.cat([torch.rand(r, 2) * 15, torch.zeros(r, 1), torch.full((r, 3), 4.0), torch.rand(r, 1)], 1)
+        args = (points, torch.arange(n) * 3, boxes, rc.points, rc.margin, cfg.grid.intensity_scale)
+        (fa, va), (fb, vb) = runner.stage2.features(*args), sampled_features(*args)
+        assert torch.equal(va, vb)  # the same points sampled
+        torch.testing.assert_close(fa, fb, rtol=1e-5, atol=1e-5)  # (inductor fuses the divisions differently)
+    assert calls == [300, 5000, 64]
+    one_box = (points, torch.arange(64), boxes[:1], rc.points, rc.margin, cfg.grid.intensity_scale)
+    other_scale = (points, torch.arange(64), boxes, rc.points, rc.margin, 100.0)
+    for args in (one_box, other_scale):
+        for a, b in zip(runner.stage2.features(*args), sampled_features(*args)):
+            assert torch.equal(a, b)
+    assert calls == [300, 5000, 64]  # those two ran eagerly
+    refiner_args = (torch.randn(rc.rois, rc.points, POINT_FEATURES), torch.rand(rc.rois, rc.points) > 0.3,
+                    torch.randn(rc.rois, context_size(cfg.num_classes, rc.visibility_size)))
+    with torch.no_grad():
+        for a, b in zip(runner.stage2.refiner(*refiner_args), net.refiner(*refiner_args)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    pipe = DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    assert isinstance(pipe._stage2.compiled_refiner, PackageStage2)
+
+
 def test_package_errors(package, tmp_path):
     cfg_path, _, pkg = package
     with pytest.raises(WeightsError, match="cannot load"):

@@ -165,15 +165,41 @@ class _PackageModel:
         return self.loader.get_metadata()
 
 
-def _load_package(file: str):
+def _load_package(file: str, name: str = "model"):
     """torch's aoti_load_package without its device probe: before loading, torch finds the CPU's vector ISA by
     building and loading a test extension per ISA (pick_vec_isa: 1.4 s of a 4 s node start on 2 cores), only to
-    warn on a mismatch, which _check_metadata does from the package's recorded ``machine`` for free."""
+    warn on a mismatch, which _check_metadata does from the package's recorded ``machine`` for free. ``name``: which
+    of the package's compiled models (the network is "model"; STAGE2_PARTS name the others)."""
     try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(file, "model", False, 1, -1)
+        loader = torch._C._aoti.AOTIModelPackageLoader(file, name, False, 1, -1)
         return _PackageModel(loader)
     except (ImportError, AttributeError):  # another torch's internals: its own loader, probe included
-        return torch._inductor.aoti_load_package(file)
+        return torch._inductor.aoti_load_package(file, model_name=name)
+
+
+STAGE2_PARTS = "stage2_features,stage2_refiner"  # a package's metadata "stage2": the compiled models beside "model"
+
+
+class PackageStage2:
+    """Stage 2's costly parts from the package (what `CompiledRefiner` is on the torch.compile path): ``features`` as
+    `sampled_features`, run compiled when the call is one the package was compiled for (its sampled count, margin
+    and intensity scale; 2 to ``rois`` boxes), else eagerly; ``refiner`` for exactly ``rois`` candidates."""
+
+    def __init__(self, features, refiner, meta: dict[str, str]) -> None:
+        self._features, self._refiner = features, refiner
+        self.rois = int(meta["stage2_rois"])
+        self._fixed = (int(meta["stage2_points"]), float(meta["stage2_margin"]), float(meta["stage2_intensity_scale"]))
+
+    def features(self, points, near, boxes, k, margin, intensity_scale):
+        from livox_infer.detector.refine import sampled_features
+
+        if (k, float(margin), float(intensity_scale)) != self._fixed or not 2 <= boxes.shape[0] <= self.rois \
+                or points.shape[0] < k:
+            return sampled_features(points, near, boxes, k, margin, intensity_scale)
+        return tuple(self._features(points.contiguous(), near.contiguous(), boxes.contiguous()))
+
+    def refiner(self, feats, valid, context):
+        return tuple(self._refiner(feats.contiguous(), valid.contiguous(), context.contiguous()))
 
 
 # --------------------------------------------------------------------------- packages built for this machine
@@ -288,6 +314,14 @@ class AotiRunner:
             _check_metadata(meta, path, cfg, device, flip, precision)
             with torch.no_grad():  # one call while the extracted files exist: GPU kernel files load at first use
                 self._model(torch.zeros((1, *cfg.grid.shape), device=device).contiguous(memory_format=torch.channels_last))
+            self.stage2 = None  # PackageStage2 when the package holds stage 2's parts (CPU packages since 2026-12-05)
+            if meta.get("stage2") == STAGE2_PARTS and cfg.refine is not None:
+                try:
+                    parts = [_load_package(str(copy), name) for name in STAGE2_PARTS.split(",")]
+                    self.stage2 = PackageStage2(*parts, meta)
+                except Exception as exc:  # noqa: BLE001 - stage 2 then runs eagerly, as from an older package
+                    log.warning("%s: stage 2's compiled parts did not load (%s: %s); stage 2 runs eagerly", path,
+                                type(exc).__name__, exc)
         self.path = path
         self.metadata = meta
 

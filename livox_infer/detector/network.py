@@ -55,7 +55,7 @@ class BevDetector(nn.Module):
         return refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
                                  intensity_scale, passes=passes, compiled=self.compiled_refiner)
 
-    compiled_refiner = None  # a refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`)
+    compiled_refiner = None  # refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`), or aoti.PackageStage2
 
     def compile_refiner(self) -> None:
         """Run stage 2's costly parts torch.compile'd from now on (they compile at their first call)."""

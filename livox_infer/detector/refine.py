@@ -442,6 +442,17 @@ def _refined_classes(names, classes: tuple[str, ...], source: str) -> tuple[bool
 
 
 
+class SampledFeatures(nn.Module):
+    """`sampled_features` with its scalars fixed, as a module (what `livox-infer export` compiles into a package)."""
+
+    def __init__(self, k: int, margin: float, intensity_scale: float) -> None:
+        super().__init__()
+        self.k, self.margin, self.intensity_scale = int(k), float(margin), float(intensity_scale)
+
+    def forward(self, points: torch.Tensor, near: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return sampled_features(points, near, boxes, self.k, self.margin, self.intensity_scale)
+
+
 class CompiledRefiner:
     """torch.compile'd stage-2 parts (the compiled pipeline's, issue 33): `sampled_features` with a dynamic point
     count, and the refiner on its fixed (rois, points) shape; the rest of stage 2 (which points are near, the

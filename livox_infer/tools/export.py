@@ -1,4 +1,5 @@
-"""`livox-infer export`: AOTInductor package (.pt2) of network + top-k decoding, for machines without a compiler.
+"""`livox-infer export`: AOTInductor package (.pt2) of network + top-k decoding (and, on a CPU, stage 2's costly parts),
+for machines without a compiler.
 
 ``torch.compile`` needs a C++ compiler and Python headers on the robot and compiles at every
 start-up (cache permitting). An AOTInductor package is compiled once, here, into a shared library
@@ -20,7 +21,9 @@ from typing import Any
 
 import torch
 
-from livox_infer.detector.aoti import AotiRunner, manifest_path, record_in_manifest
+from torch._inductor.package import package_aoti
+
+from livox_infer.detector.aoti import STAGE2_PARTS, AotiRunner, manifest_path, record_in_manifest
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
 from livox_infer.params import BY_NAME, DEFAULTS, PRECISIONS, SENSOR_PRESETS
@@ -59,17 +62,59 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
     install = out is None
     out = packages_dir() / package_name(fields) if install else Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    configs: dict[str, Any] = {"aot_inductor.metadata": metadata}
+    stage2 = cfg.refine is not None and dev.type == "cpu"  # (stage 2 in a CUDA package: not run without a GPU)
+    if stage2:
+        metadata.update(stage2_metadata(cfg))
+    configs: dict[str, Any] = {"aot_inductor.metadata": metadata, "aot_inductor.package": True}
     if dev.type == "cpu":
         configs["freezing"] = True
     with torch.no_grad():
         program = torch.export.export(infer, (example,), strict=False)
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(out), inductor_configs=configs)
+        parts = {"model": torch._inductor.aot_compile(program.module(), (example,), options=configs)}
+        if stage2:
+            parts.update(_stage2_parts(infer.net.refiner, cfg, dev))
+        path = str(package_aoti(str(out), parts))
     record_in_manifest(Path(path), {k: metadata[k] for k in ("config_name", "weights_sha256", "device_type")})
     if install:
         side = Path(path).with_suffix(".json")
         side.write_text(json.dumps(metadata, indent=1, sort_keys=True), encoding="utf-8")
     return Path(path)
+
+
+def stage2_metadata(cfg: ModelConfig) -> dict[str, str]:
+    """What a package's stage-2 parts were compiled with (`livox_infer.detector.aoti.PackageStage2` checks each call)."""
+    rc = cfg.refine
+    return {"stage2": STAGE2_PARTS, "stage2_rois": str(rc.rois), "stage2_points": str(rc.points),
+            "stage2_margin": repr(float(rc.margin)), "stage2_intensity_scale": repr(float(cfg.grid.intensity_scale))}
+
+
+def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device) -> dict[str, list]:
+    """Stage 2's costly parts compiled ahead of time beside the network (the torch.compile path's `CompiledRefiner`):
+    the point features with dynamic point and box counts (points: at least the sampled count, at most
+    MAX_NEAR_POINTS; boxes: 2 to rois, as a compiled graph specialises 0 and 1) and the refiner at (rois, points)."""
+    from torch.export import Dim
+
+    from livox_infer.detector.refine import MAX_NEAR_POINTS, POINT_FEATURES, SampledFeatures, context_size
+
+    rc = cfg.refine
+    n = max(rc.points, 256)
+    points = torch.rand((n, 4), device=dev) * 10.0
+    boxes = torch.tensor([[2.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.3]] * rc.rois, device=dev)
+    feats_args = (points, torch.arange(n, device=dev), boxes)
+    dims = ({0: Dim("points", min=rc.points, max=MAX_NEAR_POINTS)}, {0: Dim("points", min=rc.points, max=MAX_NEAR_POINTS)},
+            {0: Dim("boxes", min=2, max=rc.rois)})
+    refiner_args = (torch.zeros((rc.rois, rc.points, POINT_FEATURES), device=dev),
+                    torch.ones((rc.rois, rc.points), dtype=torch.bool, device=dev),
+                    torch.zeros((rc.rois, context_size(cfg.num_classes, rc.visibility_size)), device=dev))
+    features = SampledFeatures(rc.points, rc.margin, cfg.grid.intensity_scale)
+    package = {"aot_inductor.package": True}
+    out = {}
+    for name, module, args, shapes, opts in (
+            ("stage2_features", features, feats_args, dims, package),
+            ("stage2_refiner", refiner.eval(), refiner_args, None, {**package, "freezing": True})):
+        program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        out[name] = torch._inductor.aot_compile(program.module(), args, options=opts)
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
