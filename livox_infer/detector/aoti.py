@@ -31,7 +31,10 @@ from livox_infer.errors import LivoxInferError, WeightsError
 from livox_infer.detector.config import ModelConfig
 
 log = logging.getLogger("livox_infer.export")
-PACKAGE_FORMAT = "livox_infer.aoti.v1"
+# v2 (2026-12-05): a CPU package of a model with stage 2 holds its compiled parts too; a v1 package still loads (stage 2
+# then runs eagerly) when named, but is no longer picked from the cache, so `make setup` and the node rebuild it
+PACKAGE_FORMAT = "livox_infer.aoti.v2"
+LOADABLE_FORMATS = ("livox_infer.aoti.v1", PACKAGE_FORMAT)
 MANIFEST_FORMAT = "livox_infer.aoti_manifest.v1"
 MANIFEST_ENV = "LIVOX_INFER_AOTI_MANIFEST"
 MAX_PACKAGE_BYTES = 1 << 30  # a lite package is ~1 MB; nothing legitimate comes near this
@@ -118,7 +121,7 @@ def _check_metadata(meta: dict[str, str], path: Path, cfg: ModelConfig, device: 
                     precision: str | None = None) -> None:
     """A package of this project, for this architecture and grid, device, test-time flip setting and (when given)
     precision, or WeightsError."""
-    if meta.get("format") != PACKAGE_FORMAT:
+    if meta.get("format") not in LOADABLE_FORMATS:
         raise WeightsError(f"{path}: not a livox_infer package (format={meta.get('format')!r})")
     if meta.get("architecture_hash") != cfg.architecture_hash():
         grid = _grid_mismatch(meta, cfg)
