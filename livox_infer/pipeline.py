@@ -390,6 +390,8 @@ class DetectionPipeline:
             load_weights(net, self.cfg, source)
             self._stage2 = net.to(self.device).eval()
             self._stage2.compiled_refiner = runner.stage2  # the package's compiled stage-2 parts, if it has them
+            if runner.stage2 is not None:
+                runner.stage2.eager_refiner = self._stage2.refiner
         self._eager = None
         self._runner = runner
         self.compiled = True

@@ -140,7 +140,24 @@ def test_a_cpu_package_holds_stage_2s_costly_parts(package):
         for a, b in zip(runner.stage2.refiner(*refiner_args), net.refiner(*refiner_args)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     pipe = DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu")
-    assert isinstance(pipe._stage2.compiled_refiner, PackageStage2)
+    stage2 = pipe._stage2.compiled_refiner
+    assert isinstance(stage2, PackageStage2) and stage2.eager_refiner is pipe._stage2.refiner
+    # a compiled part that fails runs eagerly from then on, with one warning, instead of failing every frame
+    def broken(*a):
+        raise RuntimeError("shape check failed")
+
+    stage2._features = stage2._refiner = broken
+    rng = np.random.default_rng(3)
+    cloud = np.c_[rng.uniform(0, 25, (3000, 2)) - [0, 12], rng.uniform(-1.5, 1.0, 3000),
+                  rng.uniform(0, 255, 3000)].astype(np.float32)
+    eager = DetectionPipeline(cfg_path, weights=weights, compile=False, sensor_height=1.5, device="cpu", precision="fp32")
+    a, b = eager.detect(cloud), pipe.detect(cloud)
+    assert stage2._features is None
+    assert len(a) == len(b) and np.allclose(a.scores, b.scores, atol=1e-5)
+    with torch.no_grad():  # (this frame had fewer candidates than rois: the refiner ran eagerly anyway)
+        for x, y in zip(stage2.refiner(*refiner_args), net.refiner(*refiner_args)):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert stage2._refiner is None
 
 
 def test_package_errors(package, tmp_path):

@@ -196,13 +196,30 @@ class PackageStage2:
     def features(self, points, near, boxes, k, margin, intensity_scale):
         from livox_infer.detector.refine import sampled_features
 
-        if (k, float(margin), float(intensity_scale)) != self._fixed or not 2 <= boxes.shape[0] <= self.rois \
-                or points.shape[0] < k:
+        if self._features is None or (k, float(margin), float(intensity_scale)) != self._fixed \
+                or not 2 <= boxes.shape[0] <= self.rois or points.shape[0] < k:
             return sampled_features(points, near, boxes, k, margin, intensity_scale)
-        return tuple(self._features(points.contiguous(), near.contiguous(), boxes.contiguous()))
+        try:
+            return tuple(self._features(points.contiguous(), near.contiguous(), boxes.contiguous()))
+        except Exception as exc:  # noqa: BLE001 - a compiled part that fails once would fail every frame: eager
+            self._features = None
+            log.warning("stage 2's compiled point features failed (%s: %s); they run eagerly from now on",
+                        type(exc).__name__, exc)
+            return sampled_features(points, near, boxes, k, margin, intensity_scale)
+
+    eager_refiner = None  # the weights file's refiner (the pipeline sets it), for a compiled refiner that fails
 
     def refiner(self, feats, valid, context):
-        return tuple(self._refiner(feats.contiguous(), valid.contiguous(), context.contiguous()))
+        if self._refiner is not None:
+            try:
+                return tuple(self._refiner(feats.contiguous(), valid.contiguous(), context.contiguous()))
+            except Exception as exc:  # noqa: BLE001 - as for the features: eager from now on
+                if self.eager_refiner is None:
+                    raise
+                self._refiner = None
+                log.warning("stage 2's compiled refiner failed (%s: %s); it runs eagerly from now on",
+                            type(exc).__name__, exc)
+        return self.eager_refiner(feats, valid, context)
 
 
 # --------------------------------------------------------------------------- packages built for this machine
