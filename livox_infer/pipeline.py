@@ -456,17 +456,14 @@ class DetectionPipeline:
     def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor) -> None:
         """Compile stage 2's parts now, not on the first real frame: its point features compile at their first
         call with at least `refine.points` points near the boxes."""
-        from livox_infer.detector.refine import POINT_FEATURES, context_size, sampled_features
+        from livox_infer.detector.refine import refiner_example_inputs, sampled_features
 
         rc, compiled = self.cfg.refine, self._stage2.compiled_refiner
         try:
             n = max(rc.points, 256)
-            dev = dict(device=self.device)
             features_args = (points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
                              rc.points, rc.margin, self.grid.intensity_scale)
-            refiner_args = (torch.zeros(rc.rois, rc.points, POINT_FEATURES, **dev),
-                            torch.ones(rc.rois, rc.points, dtype=torch.bool, **dev),
-                            torch.zeros(rc.rois, context_size(self.cfg.num_classes, rc.visibility_size), **dev))
+            refiner_args = refiner_example_inputs(rc, self.cfg.num_classes, self.device)
             if self.device.type == "cpu":  # saved for the next start, like the network
                 compiled.features = self._compile_saved(sampled_features, features_args, "stage2_features", dynamic=True)
                 compiled.refiner = self._compile_saved(self._stage2.refiner, refiner_args, "stage2_refiner")

@@ -81,7 +81,7 @@ def record_in_manifest(package: Path, entry: dict[str, str], path: Path | None =
     return path
 
 
-def _trusted_bytes(path: Path) -> bytes:
+def trusted_bytes(path: Path) -> bytes:
     """The package's bytes, if their sha256 is in the manifest; WeightsError (nothing loaded) otherwise."""
     refused = WeightsError(f"cannot load AOTInductor package {path}: only packages `livox-infer export` wrote "
                            f"(sha256 listed in {manifest_path()}) are loaded")
@@ -322,7 +322,7 @@ class AotiRunner:
     def __init__(self, path: str | Path, cfg: ModelConfig, device: torch.device, flip: bool = False,
                  precision: str | None = None) -> None:
         path = Path(path)
-        data = _trusted_bytes(path)  # before any native code of it is loaded
+        data = trusted_bytes(path)  # before any native code of it is loaded
         with _private_tmpdir() as private:
             copy = private / "package.pt2"  # the checked bytes, out of reach of whoever wrote `path`
             copy.write_bytes(data)

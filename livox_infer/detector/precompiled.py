@@ -34,14 +34,15 @@ import torch
 
 log = logging.getLogger("livox_infer.precompiled")
 PRECOMPILED_FORMAT = "livox_infer.precompiled.v1"
-_MAX_BYTES = 1 << 30
 
 
 def _module_sha256(name: str) -> str | None:
+    from livox_infer.detector.aoti import file_sha256
+
     module = sys.modules.get(name)
     try:
         path = inspect.getsourcefile(module) if module is not None else None
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+        return file_sha256(path) if path else None
     except (OSError, TypeError):
         return None
 
@@ -185,13 +186,14 @@ def _save(compiled: Any, stem: Path, fields: dict[str, str], external: dict[str,
 
 def _load(stem: Path, fields: dict[str, str], f_globals: dict, external: dict[str, Any]) -> Any:
     """The saved compiled function, or why not (a string)."""
-    from livox_infer.detector.aoti import read_manifest
+    from livox_infer.detector.aoti import trusted_bytes
+    from livox_infer.errors import WeightsError
 
     try:
         side = json.loads(_path(stem, ".json").read_text(encoding="utf-8"))
-        with open(_path(stem, ".bin"), "rb") as f:
-            data = f.read(_MAX_BYTES + 1)
     except (OSError, ValueError):
+        return "none saved"
+    if not _path(stem, ".bin").is_file():
         return "none saved"
     if not isinstance(side, dict) or any(str(side.get(k)) != v for k, v in fields.items()):
         return "saved for other settings"
@@ -199,7 +201,9 @@ def _load(stem: Path, fields: dict[str, str], f_globals: dict, external: dict[st
     changed = [name for name, digest in sources.items() if _module_sha256(name) != digest]
     if changed or not sources:
         return f"source changed since saved ({', '.join(changed) or 'no sources recorded'})"
-    if len(data) > _MAX_BYTES or hashlib.sha256(data).hexdigest() not in read_manifest():
+    try:
+        data = trusted_bytes(_path(stem, ".bin"))  # the same check as a package's, on the bytes then loaded
+    except WeightsError:
         return "not in the trusted-package manifest"
     isa = _known_vec_isa(side["vec_isa"]) if side.get("vec_isa") else contextlib.nullcontext()
     try:

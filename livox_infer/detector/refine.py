@@ -441,6 +441,12 @@ def _refined_classes(names, classes: tuple[str, ...], source: str) -> tuple[bool
     return tuple(c in names for c in classes)
 
 
+def refiner_example_inputs(cfg: RefineConfig, num_classes: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    """Inputs of the refiner's fixed compiled shape, (rois, points): features, validity, context (compiling it)."""
+    return (torch.zeros((cfg.rois, cfg.points, POINT_FEATURES), device=device),
+            torch.ones((cfg.rois, cfg.points), dtype=torch.bool, device=device),
+            torch.zeros((cfg.rois, context_size(num_classes, cfg.visibility_size)), device=device))
+
 
 class SampledFeatures(nn.Module):
     """`sampled_features` with its scalars fixed, as a module (what `livox-infer export` compiles into a package)."""

@@ -94,18 +94,16 @@ def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device)
     MAX_NEAR_POINTS; boxes: 2 to rois, as a compiled graph specialises 0 and 1) and the refiner at (rois, points)."""
     from torch.export import Dim
 
-    from livox_infer.detector.refine import MAX_NEAR_POINTS, POINT_FEATURES, SampledFeatures, context_size
+    from livox_infer.detector.refine import MAX_NEAR_POINTS, SampledFeatures, refiner_example_inputs
 
     rc = cfg.refine
     n = max(rc.points, 256)
     points = torch.rand((n, 4), device=dev) * 10.0
     boxes = torch.tensor([[2.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.3]] * rc.rois, device=dev)
     feats_args = (points, torch.arange(n, device=dev), boxes)
-    dims = ({0: Dim("points", min=rc.points, max=MAX_NEAR_POINTS)}, {0: Dim("points", min=rc.points, max=MAX_NEAR_POINTS)},
-            {0: Dim("boxes", min=2, max=rc.rois)})
-    refiner_args = (torch.zeros((rc.rois, rc.points, POINT_FEATURES), device=dev),
-                    torch.ones((rc.rois, rc.points), dtype=torch.bool, device=dev),
-                    torch.zeros((rc.rois, context_size(cfg.num_classes, rc.visibility_size)), device=dev))
+    n_points = Dim("points", min=rc.points, max=MAX_NEAR_POINTS)  # the points and their indices: one size
+    dims = ({0: n_points}, {0: n_points}, {0: Dim("boxes", min=2, max=rc.rois)})
+    refiner_args = refiner_example_inputs(rc, cfg.num_classes, dev)
     features = SampledFeatures(rc.points, rc.margin, cfg.grid.intensity_scale)
     package = {"aot_inductor.package": True}
     out = {}
