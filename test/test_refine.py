@@ -78,6 +78,36 @@ def test_roi_point_features_match_a_per_box_loop():
     assert torch.equal(again[0], feats[1])
 
 
+def test_point_cells_give_the_same_near_points_as_a_map_per_call():
+    """Each refinement pass reuses the cloud's cell per point (`PointCells`): the near points must be the ones the
+    per-call map finds, also for boxes partly or wholly outside the cloud's extent; a cloud with NaN or absurd
+    extent gets no cells (the per-call map runs)."""
+    from livox_infer.detector.refine import PointCells, _near_any_box
+
+    r = np.random.default_rng(4)
+    pts = torch.from_numpy(np.c_[r.uniform(-30, 60, (5000, 2)), r.uniform(-1, 2, 5000),
+                                 r.uniform(0, 255, 5000)].astype(np.float32))
+    cells = PointCells(pts)
+    assert cells.flat is not None
+    for trial in range(20):
+        n = int(r.integers(1, 12))
+        boxes = torch.from_numpy(np.c_[r.uniform(-45, 75, (n, 2)), r.uniform(-1, 1, n), r.uniform(0.5, 12, (n, 3)),
+                                       r.uniform(-np.pi, np.pi, n)].astype(np.float32))
+        want = _near_any_box(pts, boxes, 0.5)
+        got = _near_any_box(pts, boxes, 0.5, cells=cells)
+        assert torch.equal(got, want), trial
+    far = torch.tensor([[500.0, 500.0, 0.0, 4.0, 2.0, 1.5, 0.0]])  # nowhere near the cloud
+    assert len(_near_any_box(pts, far, 0.5, cells=cells)) == 0
+    with_nan = pts.clone()
+    with_nan[7, 0] = float("nan")
+    assert PointCells(with_nan).flat is None
+    assert PointCells(torch.tensor([[0.0, 0.0, 0, 0], [3e6, 3e6, 0, 0]])).flat is None
+    assert PointCells(pts[:0]).flat is None
+    boxes = torch.tensor([[10.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.3]])
+    assert torch.equal(_near_any_box(with_nan, boxes, 0.5, cells=PointCells(with_nan)),
+                       _near_any_box(with_nan, boxes, 0.5))
+
+
 def test_roi_point_features_edge_cases():
     f, v = roi_point_features(torch.zeros(0, 4), BOXES, 8, 0.5, 255.0)
     assert f.shape == (3, 8, POINT_FEATURES) and not v.any()

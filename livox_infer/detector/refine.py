@@ -89,24 +89,67 @@ def _box_frame(points: torch.Tensor, boxes: torch.Tensor):
     return c * dx + s * dy, -s * dx + c * dy, points[None, :, 2] - boxes[:, 2:3]
 
 
-def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell: float = 1.0) -> torch.Tensor:
-    """Indices of the points in any box's enlarged bounding square, via a coarse BEV occupancy map (linear in
-    the number of points; most of a cloud is ground and background far from every candidate)."""
+class PointCells:
+    """Which coarse BEV cell (``cell`` metres, on the lattice of multiples of ``cell``) each point of a cloud lies in:
+    computed once per frame for every refinement pass's `_near_any_box` (the points do not change between passes,
+    the boxes do). ``flat`` is None when the cloud spans more than MAX_PREFILTER_CELLS cells or is not finite."""
+
+    def __init__(self, points: torch.Tensor, cell: float = 1.0) -> None:
+        self.cell = cell
+        self.flat: torch.Tensor | None = None
+        if points.shape[0] == 0:
+            return
+        xy = points[:, :2]
+        lo_hi = torch.stack([xy.amin(0), xy.amax(0)])
+        if not bool(torch.isfinite(lo_hi).all()):
+            return
+        self.lo = torch.floor(lo_hi[0] / cell) * cell
+        ij = torch.floor((xy - self.lo) / cell).long()
+        self.size = ij.amax(0) + 1  # (2,) map width (x), height (y)
+        if int(self.size[0]) * int(self.size[1]) <= MAX_PREFILTER_CELLS:
+            self.flat = ij[:, 1] * self.size[0] + ij[:, 0]
+
+
+def _box_squares(boxes: torch.Tensor, margin: float, lo: torch.Tensor, cell: float):
+    """First and last cell (R, 2) of each box's enlarged bounding square on the lattice at ``lo``."""
     reach = torch.hypot(boxes[:, 3] / 2 + margin, boxes[:, 4] / 2 + margin)  # (R,) circumscribed radius
-    lo = torch.stack([(boxes[:, 0] - reach).min(), (boxes[:, 1] - reach).min()])
-    first = torch.floor((boxes[:, :2] - reach[:, None] - lo) / cell).long()  # (R, 2) first cell of each square
+    first = torch.floor((boxes[:, :2] - reach[:, None] - lo) / cell).long()
     last = torch.floor((boxes[:, :2] + reach[:, None] - lo) / cell).long()
-    size = last.max(dim=0).values + 1  # (2,) map width (x), height (y)
-    if int(size[0]) * int(size[1]) > MAX_PREFILTER_CELLS:  # boxes spread absurdly far: no map, all points
-        return torch.arange(points.shape[0], device=points.device)
+    return first, last
+
+
+def _mark_squares(first: torch.Tensor, last: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """A (size_x * size_y,) bool map, True in every cell of the squares [first, last] (clipped to the map)."""
+    first, last = first.clamp_min(0), torch.minimum(last, size - 1)
+    occupied = torch.zeros(int(size[0] * size[1]), dtype=torch.bool, device=first.device)
+    keep = (first <= last).all(dim=1)  # squares that reach into the map at all
+    if not bool(keep.any()):
+        return occupied
+    first, last = first[keep], last[keep]
     span = int((last - first).max()) + 1
-    offs = torch.arange(span, device=points.device)
+    offs = torch.arange(span, device=first.device)
     cx = first[:, 0:1] + offs  # (R, span)
     cy = first[:, 1:2] + offs
     ok = (cx <= last[:, 0:1])[:, None, :] & (cy <= last[:, 1:2])[:, :, None]  # (R, span_y, span_x)
-    flat = (cy[:, :, None] * size[0] + cx[:, None, :])[ok]
-    occupied = torch.zeros(int(size[0] * size[1]), dtype=torch.bool, device=points.device)
-    occupied[flat] = True
+    occupied[(cy[:, :, None] * size[0] + cx[:, None, :])[ok]] = True
+    return occupied
+
+
+def _near_any_box(points: torch.Tensor, boxes: torch.Tensor, margin: float, cell: float = 1.0,
+                  cells: PointCells | None = None) -> torch.Tensor:
+    """Indices of the points in any box's enlarged bounding square, via a coarse BEV occupancy map (linear in
+    the number of points; most of a cloud is ground and background far from every candidate). ``cells``: the
+    points' `PointCells` (same ``cell``), when several calls look at the same points."""
+    if cells is not None and cells.flat is not None:
+        first, last = _box_squares(boxes, margin, cells.lo, cells.cell)
+        return _mark_squares(first, last, cells.size)[cells.flat].nonzero()[:, 0]
+    reach = torch.hypot(boxes[:, 3] / 2 + margin, boxes[:, 4] / 2 + margin)
+    lo = torch.floor(torch.stack([(boxes[:, 0] - reach).min(), (boxes[:, 1] - reach).min()]) / cell) * cell
+    first, last = _box_squares(boxes, margin, lo, cell)
+    size = last.max(dim=0).values + 1  # (2,) map width (x), height (y)
+    if int(size[0]) * int(size[1]) > MAX_PREFILTER_CELLS:  # boxes spread absurdly far: no map, all points
+        return torch.arange(points.shape[0], device=points.device)
+    occupied = _mark_squares(first, last, size)
     ij = torch.floor((points[:, :2] - lo) / cell).long()
     inb = (ij >= 0).all(dim=1) & (ij < size).all(dim=1)
     hit = torch.zeros(points.shape[0], dtype=torch.bool, device=points.device)
@@ -150,16 +193,18 @@ def stage2_points(levelled: torch.Tensor, ages, age_input: bool) -> torch.Tensor
 
 
 def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
-                       intensity_scale: float, compiled_core=None) -> tuple[torch.Tensor, torch.Tensor]:
+                       intensity_scale: float, compiled_core=None,
+                       cells: PointCells | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
     validity mask (R, S): up to S = ``n_samples`` points inside each box enlarged by ``margin``, invalid
-    slots zero. ``compiled_core``: a compiled `sampled_features` (used when at least S points are near)."""
+    slots zero. ``compiled_core``: a compiled `sampled_features` (used when at least S points are near); ``cells``:
+    the points' `PointCells`, when the same points are looked at again (each refinement pass)."""
     r = boxes.shape[0]
     feats = points.new_zeros((r, n_samples, POINT_FEATURES))
     valid = torch.zeros((r, n_samples), dtype=torch.bool, device=points.device)
     if r == 0 or points.shape[0] == 0:
         return feats, valid
-    near = _near_any_box(points, boxes, margin)  # indices into points: exactly the same result, far less work
+    near = _near_any_box(points, boxes, margin, cells=cells)  # indices into points: the same result, far less work
     near = _cap_near(near, points.dtype)
     points = points[near]
     n = points.shape[0]
@@ -374,9 +419,10 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
     new_scores = scores
     hits = first_hit_map(points) if cfg.visibility else None
+    cells = PointCells(points) if r else None
     for _ in range(passes or cfg.passes) if r else ():  # no candidate of a refined class: nothing to refine
         feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale,
-                                          None if compiled is None else compiled.features)
+                                          None if compiled is None else compiled.features, cells)
         context = refiner_context(cfg, num_classes, scores, labels, boxes, hits)
         run = refiner if compiled is None or feats.shape[0] != compiled.rois else compiled.refiner
         iou_logit, residual = run(feats, valid, context)
