@@ -102,10 +102,39 @@ def test_low_scored_candidates_continue_confirmed_tracks_only():
     assert all(len(f.track_ids) == 0 for f in out)
     out = _run(Tracker(), [[]] * 6, candidates=ped)
     assert all(len(f.track_ids) == 0 for f in out)
-    # a track confirmed by one high score has no velocity yet (its gate is wide): candidates do not continue it
-    out = _run(Tracker(TrackerConfig(confirm_score=0.7, max_misses=0)), [[(10, 0, 0, CAR, 0.9)], []],
-               candidates=[[], [(11.5, 0, 0, CAR)]])
-    assert out[0].track_ids.tolist() == [1] and len(out[1].track_ids) == 0
+    # a track confirmed by one high score has no velocity yet: a candidate continues it within the plain gate only
+    # (its gate for detections is widened by the top speed; a low-scored box of another object in there gave it a
+    # false velocity)
+    cfg = TrackerConfig(confirm_score=0.7, max_misses=0)
+    out = _run(Tracker(cfg), [[(10, 0, 0, CAR, 0.9)], []], candidates=[[], [(11.5, 0, 0, CAR)]])
+    assert out[0].track_ids.tolist() == [1] and out[1].track_ids.tolist() == [1]
+    out = _run(Tracker(cfg), [[(10, 0, 0, CAR, 0.9)], []], candidates=[[], [(14.5, 0, 0, CAR)]])
+    assert len(out[1].track_ids) == 0  # 4.5 m: inside the widened gate (6 m), outside the plain one (2.5 m)
+
+
+def test_a_track_without_velocity_does_not_take_a_nearer_tracks_detection():
+    """Tracks with a velocity (two hits) choose first; a track confirmed by one high score does not: its gate is
+    widened by the top speed, and taking the detection next to another new track gave it a false velocity and the
+    other track's object (an ID switch)."""
+    frames = [[(10.0, 0, 0, CAR, 0.9), (15.6, 0, 0, CAR)], [(15.8, 0, 0, CAR)], [(16.0, 0, 0, CAR)]]
+    out = _run(Tracker(), frames)
+    assert out[1].detection_track_ids.tolist() == [2] and out[2].detection_track_ids.tolist() == [2]
+    assert np.abs(out[2].velocities[out[2].track_ids.tolist().index(2)]).max() < 5.0
+
+
+def test_a_track_finds_its_object_again_within_its_uncertainty(monkeypatch):
+    """A fast car seen twice (a velocity from two hits is uncertain), then occluded for three frames, comes back
+    further ahead than the gate around the prediction: the recovery association (Mahalanobis) keeps its id, where
+    the gate alone starts a new track."""
+    from livox_infer.tracking import tracker as tracker_mod
+
+    v = 16.0
+    frames = [[(10.0 + v * 0.1 * k, 0.0, 0.0, CAR)] if k in (0, 1, 5, 6, 7) else [] for k in range(8)]
+    out = _run(Tracker(), frames)
+    assert [f.detection_track_ids.tolist() for f in out[5:]] == [[1]] * 3
+    monkeypatch.setattr(tracker_mod, "RECOVER_CHI2", 0.0)
+    out = _run(Tracker(), frames)
+    assert out[5].detection_track_ids.tolist() != [1]
 
 
 def test_crossing_pedestrians_keep_their_ids():

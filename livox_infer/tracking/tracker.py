@@ -6,15 +6,18 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
 
 1. predict every track to the stamp: constant-velocity Kalman filter on ``[x, y, vx, vy]`` (white-noise
    acceleration, sigma per class) in the fixed frame when a pose is given, else in the cloud's frame;
-2. associate greedily by BEV centre distance, same class only, confirmed tracks before tentative ones, nearest
-   pairs first, within the class's gate (a track with one hit has no velocity yet: its gate grows by the class's
-   top speed times dt);
+2. associate greedily by BEV centre distance, same class only, confirmed tracks with a velocity (two hits) before
+   the others, nearest pairs first, within the class's gate (a track with one hit has no velocity yet: its gate
+   grows by the class's top speed times dt); then the confirmed tracks with a velocity still without a detection
+   take the detections left over that lie within their predicted uncertainty (Mahalanobis, at most two gates away:
+   a velocity from few hits, or an occlusion coasted through, put the prediction off by more than the gate);
 3. update the matched tracks (position by the filter; z, size and yaw smoothed; the yaw axis made to agree with
    the direction of motion above 1 m/s; yaw rate from the smoothed yaw), start a tentative track per unmatched
-   detection, count a miss for every unmatched track; before that, the confirmed tracks with a velocity (two hits)
-   still without a detection are associated the same way with the frame's *candidates* (boxes that scored below the detector's class threshold
-   but at least the node's ``tracking_low_score``: ByteTrack's second association), so a track goes on through a
-   frame where its object scored low; a candidate never starts a track;
+   detection, count a miss for every unmatched track; before that, the confirmed tracks still without a detection
+   are associated the same way with the frame's *candidates* (boxes that scored below the detector's class
+   threshold but at least the node's ``tracking_low_score``: ByteTrack's second association; a one-hit track
+   within the plain gate only), so a track goes on through a frame where its object scored low; a candidate never
+   starts a track;
 4. a track is confirmed after ``confirm_hits`` hits, or at once by a detection scoring at least ``confirm_score``
    (calibrated scores: the share of such boxes that are right), and deleted after more than ``max_misses`` misses in
    a row (a tentative track at its first miss).
@@ -54,6 +57,9 @@ def default_gate(name: str) -> float:
     """The gate of class ``name`` (the car's for a class the table does not name)."""
     return float(DEFAULT_GATES.get(name, DEFAULT_GATES[_FALLBACK]))
 
+# the recovery association (`Tracker._recover`): chi-square 99 % of 2 degrees of freedom, and a cap in gates
+RECOVER_CHI2 = 9.21
+RECOVER_GATE_FACTOR = 2.0
 HEADING_SPEED = 1.0  # m/s: above this the box's yaw axis is turned to point along the velocity
 SIZE_ALPHA = 0.3
 Z_ALPHA = 0.5
@@ -214,6 +220,7 @@ class Tracker:
             self._predict(t, dt)
 
         matches = self._associate(centres, labels, finite, dt)
+        matches += self._recover(centres, labels, finite, matches)
         matched_tracks = {ti for ti, _ in matches}
         det_track = np.zeros(len(boxes), np.int64)
         det_track_obj: dict[int, _Track] = {}
@@ -223,11 +230,10 @@ class Tracker:
             det_track_obj[di] = t
         if candidates is not None and len(c_boxes):  # second association: confirmed tracks left over, candidates
             c_centres, c_yaws = self._in_tracking_frame(c_boxes, pose)
-            # only tracks with a velocity (two hits): a one-hit track's gate is widened by the class's top speed,
-            # and a low-scored box of another object within it gave the track a false velocity (ID switches)
-            open_tracks = [i for i, t in enumerate(self._tracks)
-                           if t.confirmed and t.hits >= 2 and i not in matched_tracks]
-            for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks):
+            # a track with one hit takes a candidate only within the plain gate (not widened by the top speed: a
+            # low-scored box of another object within the widened one gave it a false velocity)
+            open_tracks = [i for i, t in enumerate(self._tracks) if t.confirmed and i not in matched_tracks]
+            for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks, widen=False):
                 t = self._tracks[ti]
                 self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt)
                 matched_tracks.add(ti)
@@ -287,21 +293,51 @@ class Tracker:
         t.yaw = t.yaw + t.yaw_rate * dt
 
     def _associate(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
-                   dt: float, tracks: Sequence[int] | None = None) -> list[tuple[int, int]]:
+                   dt: float, tracks: Sequence[int] | None = None, widen: bool = True) -> list[tuple[int, int]]:
         """(track index, detection index) pairs; ``tracks``: only these track indices (default all)."""
         pairs = []
         for ti in range(len(self._tracks)) if tracks is None else tracks:
             t = self._tracks[ti]
             gate, _, _, top_speed = self.config.model(t.name)
-            if t.hits == 1:  # no velocity yet
+            if t.hits == 1 and widen:  # no velocity yet
                 gate += top_speed * dt
             for di in np.nonzero(finite & (labels == t.label))[0]:
                 d = float(np.hypot(*(centres[di] - t.x[:2])))
                 if d <= gate:
-                    pairs.append((0 if t.confirmed else 1, d, ti, int(di)))
+                    pairs.append((0 if t.confirmed and t.hits >= 2 else 1, d, ti, int(di)))
         pairs.sort()
         used_t, used_d, out = set(), set(), []
         for _, _, ti, di in pairs:
+            if ti in used_t or di in used_d:
+                continue
+            used_t.add(ti)
+            used_d.add(di)
+            out.append((ti, di))
+        return out
+
+    def _recover(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
+                 matches: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Pairs of confirmed tracks with a velocity and detections that the gate left apart, where the detection
+        lies within the track's predicted uncertainty (Mahalanobis distance squared <= RECOVER_CHI2, and at most
+        RECOVER_GATE_FACTOR gates away), most likely first: a track whose velocity came from few hits, or that
+        coasted through an occlusion, finds its object again instead of a new track starting on it."""
+        used_t, used_d = {ti for ti, _ in matches}, {di for _, di in matches}
+        pairs = []
+        for ti, t in enumerate(self._tracks):
+            if ti in used_t or not t.confirmed or t.hits < 2:
+                continue
+            gate, _, meas, _ = self.config.model(t.name)
+            s_inv = np.linalg.inv(t.P[:2, :2] + np.eye(2) * meas ** 2)
+            for di in np.nonzero(finite & (labels == t.label))[0]:
+                if int(di) in used_d:
+                    continue
+                r = centres[di] - t.x[:2]
+                m2 = float(r @ s_inv @ r)
+                if m2 <= RECOVER_CHI2 and float(np.hypot(*r)) <= RECOVER_GATE_FACTOR * gate:
+                    pairs.append((m2, ti, int(di)))
+        pairs.sort()
+        out = []
+        for _, ti, di in pairs:
             if ti in used_t or di in used_d:
                 continue
             used_t.add(ti)
