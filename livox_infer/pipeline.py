@@ -652,15 +652,16 @@ class DetectionPipeline:
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)
             scores = calibrate_scores(scores.float(), labels, self._calibration)
         candidates = None
+        paired = getattr(self._runner, "paired_area", None)  # a package's compiled NMS part, if it has one
         if p["candidate_score"] is None:
             scores, labels, boxes = select_detections(
                 scores.float(), labels, boxes.float(), p["score_thresholds"], p["nms_iou"], p["max_detections"],
-                self.cfg.cross_class_iou,
+                self.cfg.cross_class_iou, paired,
             )
         else:  # the same detections, and the boxes just below the thresholds for the tracker
             (scores, labels, boxes), low = select_detections_and_candidates(
                 scores.float(), labels, boxes.float(), p["score_thresholds"], p["candidate_score"], p["nms_iou"],
-                p["max_detections"], self.cfg.cross_class_iou)
+                p["max_detections"], self.cfg.cross_class_iou, paired)
             candidates = self._numpy_boxes(*low, mount)
         scores_np, labels_np, boxes_np = self._numpy_boxes(scores, labels, boxes, mount)
         t4 = time.perf_counter()

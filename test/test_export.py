@@ -15,7 +15,7 @@ from livox_infer.tools.cli import main as cli_main
 from livox_infer.errors import WeightsError
 from livox_infer.detector import ModelConfig, build_model, save_weights
 from conftest import tiny_model_dict
-from livox_infer.detector.aoti import MANIFEST_ENV, AotiRunner, read_manifest, record_in_manifest
+from livox_infer.detector.aoti import MANIFEST_ENV, PACKAGE_FORMAT, AotiRunner, read_manifest, record_in_manifest
 from livox_infer.detector.postprocess import build_inference_model
 from livox_infer.pipeline import DetectionPipeline
 
@@ -158,6 +158,92 @@ def test_a_cpu_package_holds_stage_2s_costly_parts(package):
         for x, y in zip(stage2.refiner(*refiner_args), net.refiner(*refiner_args)):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     assert stage2._refiner is None
+
+
+def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
+    """Format v3: a frame with ``rois`` candidates runs each refinement pass as one compiled call (`RefinePass`)
+    with the values of the pass run from its parts; fewer candidates, another intensity scale or a failing part run
+    the parts."""
+    from livox_infer.detector.refine import refine_candidates
+    from livox_infer.detector.weights import load_weights
+
+    cfg_path, weights, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    rc = cfg.refine
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    stage2 = runner.stage2
+    assert runner.metadata["format"] == PACKAGE_FORMAT and stage2._pass is not None
+    net = build_model(cfg)
+    load_weights(net, cfg, weights)
+    net.eval()
+    stage2.eager_refiner = net.refiner
+    calls = []
+    compiled_pass = stage2._pass
+    stage2._pass = lambda *a: calls.append(len(a[0])) or compiled_pass(*a)
+    torch.manual_seed(5)
+    points = torch.rand(4000, 4) * torch.tensor([30.0, 30.0, 3.0, 255.0]) - torch.tensor([0.0, 15.0, 1.0, 0.0])
+    r = rc.rois + 3
+    boxes = torch.cat([torch.rand(r, 2) * 25 + torch.tensor([0.0, -12.0]), torch.zeros(r, 1),
+                       torch.rand(r, 3) * 3 + 1, torch.rand(r, 1) * 3], 1)
+    refined = torch.nonzero(torch.tensor(rc.refined))[:, 0]
+    scores, labels = torch.rand(r).sort(descending=True).values, refined[torch.randint(0, len(refined), (r,))]
+    scale = cfg.grid.intensity_scale
+    want = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale)
+    got = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale, compiled=stage2)
+    assert len(calls) == rc.passes
+    assert torch.equal(got[1], want[1])
+    for a, b in ((got[0], want[0]), (got[2], want[2])):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # fewer candidates than rois, or another intensity scale: from the parts
+    refine_candidates(net.refiner, rc, cfg.num_classes, points, scores[:5], labels[:5], boxes[:5], scale,
+                      compiled=stage2)
+    refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale / 2, compiled=stage2)
+    assert len(calls) == rc.passes
+
+    def broken(*a):
+        raise RuntimeError("shape check failed")
+
+    stage2._pass = broken
+    again = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale, compiled=stage2)
+    assert stage2._pass is None
+    torch.testing.assert_close(again[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_cpu_package_clips_the_nms_overlaps_compiled(package):
+    """Format v3: the NMS's overlap clipping is compiled into a CPU package for any count of pairs from 2, gives the
+    eager areas, and the NMS keeps the same boxes with it; one pair runs eagerly, a failing part eagerly from then on."""
+    from livox_infer.detector.aoti import PackagePairedArea
+    from livox_infer.detector.boxes import _paired_intersection_area, bev_corners, rotated_nms
+
+    cfg_path, _, pkg = package
+    runner = AotiRunner(pkg, ModelConfig.load(cfg_path), torch.device("cpu"))
+    paired = runner.paired_area
+    assert isinstance(paired, PackagePairedArea)
+    calls = []
+    part = paired._part
+    paired._part = lambda *a: calls.append(len(a[0])) or part(*a)
+    rng = np.random.default_rng(7)
+    for n in (3, 40):
+        boxes = torch.from_numpy(np.c_[rng.uniform(0, 12, (n, 2)), np.zeros(n), rng.uniform(0.5, 5, (n, 3)),
+                                       rng.uniform(-3, 3, n)])
+        ca, cb = bev_corners(boxes), bev_corners(boxes.roll(1, 0))
+        torch.testing.assert_close(paired(ca, cb), _paired_intersection_area(ca, cb), rtol=1e-9, atol=1e-9)
+        scores, labels = torch.rand(n), torch.randint(0, 3, (n,))
+        f = boxes.float()
+        assert torch.equal(rotated_nms(f, scores, labels, 0.1, 64, 0.3, paired),
+                           rotated_nms(f, scores, labels, 0.1, 64, 0.3))
+    assert calls[0] == 3 and 40 in calls and len(calls) == 4  # two direct calls, two from the NMS
+    n_calls = len(calls)
+    one = bev_corners(torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.2]], dtype=torch.float64))
+    paired(one, one)
+    assert len(calls) == n_calls  # a single pair: eager
+
+    def broken(*a):
+        raise RuntimeError("shape check failed")
+
+    paired._part = broken
+    torch.testing.assert_close(paired(ca, cb), _paired_intersection_area(ca, cb))
+    assert paired._part is None
 
 
 def test_package_errors(package, tmp_path):

@@ -136,6 +136,18 @@ def test_estimate_mount_rejects_clouds_without_ground():
     assert estimate_mount(sky) is None  # "ground" above the sensor is implausible
 
 
+def test_estimate_mount_ignores_non_finite_and_far_points():
+    """Rows with NaN / inf anywhere in x, y, z, or beyond the candidate range, change nothing: the same mount as the
+    cloud without them (the filter tests finiteness through x + y + z)."""
+    clean = _plane_cloud(Mount.from_pitch_roll(1.7, 1.0, 0.5), n=8000)
+    bad = np.array([[np.nan, 3.0, -1.7, 1.0], [5.0, np.inf, -1.7, 1.0], [6.0, 1.0, -np.inf, 1.0],
+                    [3e38, 3e38, 3e38, 1.0], [-3e38, 1.0, -3e38, 1.0], [80.0, 0.0, -1.7, 1.0], [1.0, 0.5, -1.7, 1.0],
+                    [10.0, 0.0, 20.0, 1.0]], np.float32)
+    dirty = np.insert(clean, [0, 100, 4000, 4000, 8000, 8000, 9000, 9999], bad, axis=0)
+    a, b = estimate_mount(clean), estimate_mount(dirty)
+    assert a is not None and (a.height, a.up) == (b.height, b.up)
+
+
 def test_level_and_unlevel_boxes_round_trip():
     m = Mount.from_pitch_roll(1.5, 2.0, -1.0)
     b = np.array([box(x=10, y=2, z=-0.8, yaw=0.5), box(x=30, y=-8, z=-1.0, yaw=-2.9)], np.float32)

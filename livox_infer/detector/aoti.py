@@ -33,8 +33,8 @@ from livox_infer.detector.config import ModelConfig
 log = logging.getLogger("livox_infer.export")
 # v2 (2026-12-05): a CPU package of a model with stage 2 holds its compiled parts too; a v1 package still loads (stage 2
 # then runs eagerly) when named, but is no longer picked from the cache, so `make setup` and the node rebuild it
-PACKAGE_FORMAT = "livox_infer.aoti.v2"
-LOADABLE_FORMATS = ("livox_infer.aoti.v1", PACKAGE_FORMAT)
+PACKAGE_FORMAT = "livox_infer.aoti.v3"
+LOADABLE_FORMATS = ("livox_infer.aoti.v1", "livox_infer.aoti.v2", PACKAGE_FORMAT)
 MANIFEST_FORMAT = "livox_infer.aoti_manifest.v1"
 MANIFEST_ENV = "LIVOX_INFER_AOTI_MANIFEST"
 MAX_PACKAGE_BYTES = 1 << 30  # a lite package is ~1 MB; nothing legitimate comes near this
@@ -180,16 +180,20 @@ def _load_package(file: str, name: str = "model"):
         return torch._inductor.aoti_load_package(file, model_name=name)
 
 
-STAGE2_PARTS = "stage2_features,stage2_refiner"  # a package's metadata "stage2": the compiled models beside "model"
+# a package's metadata "stage2": the compiled models beside "model" (format v2 had the first two)
+STAGE2_PARTS = "stage2_features,stage2_refiner,stage2_pass"
+_KNOWN_STAGE2 = {"stage2_features,stage2_refiner", STAGE2_PARTS}
+NMS_PART = "nms_paired_area"  # metadata "nms" (format v3, CPU): the NMS's overlap clipping (PackagePairedArea)
 
 
 class PackageStage2:
     """Stage 2's costly parts from the package (what `CompiledRefiner` is on the torch.compile path): ``features`` as
     `sampled_features`, run compiled when the call is one the package was compiled for (its sampled count, margin
-    and intensity scale; 2 to ``rois`` boxes), else eagerly; ``refiner`` for exactly ``rois`` candidates."""
+    and intensity scale; 2 to ``rois`` boxes), else eagerly; ``refiner`` for exactly ``rois`` candidates; and, from
+    format v3, ``refine_pass``: a whole refinement pass (`RefinePass`) for ``rois`` candidates, one compiled call."""
 
-    def __init__(self, features, refiner, meta: dict[str, str]) -> None:
-        self._features, self._refiner = features, refiner
+    def __init__(self, features, refiner, meta: dict[str, str], refine_pass=None) -> None:
+        self._features, self._refiner, self._pass = features, refiner, refine_pass
         self.rois = int(meta["stage2_rois"])
         self._fixed = (int(meta["stage2_points"]), float(meta["stage2_margin"]), float(meta["stage2_intensity_scale"]))
 
@@ -220,6 +224,41 @@ class PackageStage2:
                 log.warning("stage 2's compiled refiner failed (%s: %s); it runs eagerly from now on",
                             type(exc).__name__, exc)
         return self.eager_refiner(feats, valid, context)
+
+    def refine_pass(self, points, near, boxes, scores, labels, hits, intensity_scale):
+        """(scores, boxes) of one whole pass (`RefinePass`), or None where the package has no such part or was not
+        compiled for this call (the caller then runs the pass from its parts)."""
+        if self._pass is None or float(intensity_scale) != self._fixed[2] or boxes.shape[0] != self.rois \
+                or points.shape[0] < self._fixed[0]:
+            return None
+        args = [points, near, boxes, scores, labels] + ([] if hits is None else list(hits))
+        try:
+            return tuple(self._pass(*(a.contiguous() for a in args)))
+        except Exception as exc:  # noqa: BLE001 - as for the features: from its parts from now on
+            self._pass = None
+            log.warning("stage 2's compiled pass failed (%s: %s); it runs from its parts from now on",
+                        type(exc).__name__, exc)
+            return None
+
+
+class PackagePairedArea:
+    """The NMS's overlap clipping (`boxes._paired_intersection_area`, float64 corner sets (P, 4, 2)) from the
+    package for two pairs or more, else (and after a failure, with one warning) eagerly."""
+
+    def __init__(self, part) -> None:
+        self._part = part
+
+    def __call__(self, ca: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
+        from livox_infer.detector.boxes import _paired_intersection_area
+
+        if self._part is not None and ca.shape[0] >= 2 and ca.dtype == torch.float64:
+            try:
+                return self._part(ca.contiguous(), cb.contiguous())
+            except Exception as exc:  # noqa: BLE001 - as PackageStage2's parts: eager from now on
+                self._part = None
+                log.warning("the NMS's compiled part failed (%s: %s); it runs eagerly from now on",
+                            type(exc).__name__, exc)
+        return _paired_intersection_area(ca, cb)
 
 
 # --------------------------------------------------------------------------- packages built for this machine
@@ -335,12 +374,20 @@ class AotiRunner:
             with torch.no_grad():  # one call while the extracted files exist: GPU kernel files load at first use
                 self._model(torch.zeros((1, *cfg.grid.shape), device=device).contiguous(memory_format=torch.channels_last))
             self.stage2 = None  # PackageStage2 when the package holds stage 2's parts (CPU packages since 2026-12-05)
-            if meta.get("stage2") == STAGE2_PARTS and cfg.refine is not None:
+            if meta.get("stage2") in _KNOWN_STAGE2 and cfg.refine is not None:
                 try:
-                    parts = [_load_package(str(copy), name) for name in STAGE2_PARTS.split(",")]
-                    self.stage2 = PackageStage2(*parts, meta)
+                    parts = {name: _load_package(str(copy), name) for name in meta["stage2"].split(",")}
+                    self.stage2 = PackageStage2(parts["stage2_features"], parts["stage2_refiner"], meta,
+                                                parts.get("stage2_pass"))
                 except Exception as exc:  # noqa: BLE001 - stage 2 then runs eagerly, as from an older package
                     log.warning("%s: stage 2's compiled parts did not load (%s: %s); stage 2 runs eagerly", path,
+                                type(exc).__name__, exc)
+            self.paired_area = None  # PackagePairedArea when the package holds the NMS's part (CPU, format v3)
+            if meta.get("nms") == NMS_PART:
+                try:
+                    self.paired_area = PackagePairedArea(_load_package(str(copy), NMS_PART))
+                except Exception as exc:  # noqa: BLE001 - the NMS then clips eagerly
+                    log.warning("%s: the NMS's compiled part did not load (%s: %s); it runs eagerly", path,
                                 type(exc).__name__, exc)
         self.path = path
         self.metadata = meta

@@ -91,10 +91,11 @@ def _paired_intersection_area(ca: torch.Tensor, cb: torch.Tensor) -> torch.Tenso
     return torch.where(count >= 3, area.abs(), torch.zeros_like(area))
 
 
-def bev_intersection_area(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def bev_intersection_area(a: torch.Tensor, b: torch.Tensor, paired_area=None) -> torch.Tensor:
     """Pairwise BEV intersection areas of boxes a (N,7+) and b (M,7+) -> (N, M).
 
-    Only pairs whose circumscribed circles overlap are clipped; the rest are 0.
+    Only pairs whose circumscribed circles overlap are clipped; the rest are 0. ``paired_area``: a compiled
+    `_paired_intersection_area` to clip them with (a package's, for the NMS).
     """
     n, m = a.shape[0], b.shape[0]
     out = torch.zeros((n, m), dtype=torch.float64, device=a.device)
@@ -106,16 +107,24 @@ def bev_intersection_area(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     dist = torch.cdist(a64[:, :2], b64[:, :2])
     ii, jj = torch.nonzero(dist < ra[:, None] + rb[None, :], as_tuple=True)
     if ii.numel():
-        out[ii, jj] = _paired_intersection_area(bev_corners(a64)[ii], bev_corners(b64)[jj])
+        out[ii, jj] = (paired_area or _paired_intersection_area)(bev_corners(a64)[ii], bev_corners(b64)[jj])
     return out.to(a.dtype)
 
 
-def bev_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pairwise rotated BEV IoU (N, M)."""
-    inter = bev_intersection_area(a, b)
+def bev_iou(a: torch.Tensor, b: torch.Tensor, paired_area=None) -> torch.Tensor:
+    """Pairwise rotated BEV IoU (N, M) (``paired_area``: see `bev_intersection_area`)."""
+    inter = bev_intersection_area(a, b, paired_area)
     area_a = (a[:, 3] * a[:, 4])[:, None]
     area_b = (b[:, 3] * b[:, 4])[None, :]
     return inter / (area_a + area_b - inter).clamp_min(_EPS)
+
+
+class PairedIntersectionArea(torch.nn.Module):
+    """`_paired_intersection_area` as a module (what `livox-infer export` compiles into a package for the NMS: the
+    overlapping pairs' clipping, ~60 small ops eagerly; `livox_infer.detector.aoti.PackagePairedArea`)."""
+
+    def forward(self, ca: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
+        return _paired_intersection_area(ca, cb)
 
 
 def paired_bev_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -141,12 +150,13 @@ def iou_3d(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, iou_threshold, max_keep: int,
-                cross_class_iou: float | None = None) -> torch.Tensor:
+                cross_class_iou: float | None = None, paired_area=None) -> torch.Tensor:
     """Class-wise greedy NMS on rotated BEV IoU. Returns kept indices, best score first.
 
     ``iou_threshold`` is a float or a per-class sequence (indexed by label). With ``cross_class_iou``
     a kept box also suppresses lower-scored boxes of *other* classes overlapping it by more than that:
     one object gets one class (the network often fires pedestrian and cyclist on the same rider).
+    ``paired_area``: a compiled overlap clipping (see `bev_intersection_area`).
     """
     n = boxes.shape[0]
     if n == 0:
@@ -154,7 +164,7 @@ def rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor,
     order = scores.argsort(descending=True)
     b = boxes[order]
     lab = labels[order]
-    iou = bev_iou(b, b).cpu().numpy()
+    iou = bev_iou(b, b, paired_area).cpu().numpy()
     same = (lab[:, None] == lab[None, :]).cpu().numpy()
     if isinstance(iou_threshold, (int, float)):
         thr_row = np.full(n, float(iou_threshold))

@@ -141,14 +141,14 @@ def build_inference_model(cfg: ModelConfig, weights, device: torch.device, flip:
 
 def select_detections(
     scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, score_thresholds, nms_iou, max_detections: int,
-    cross_class_iou: float | None = None,
+    cross_class_iou: float | None = None, paired_area=None,
 ):
     """Per-class score thresholds, then rotated-BEV NMS (class-wise, plus cross-class when given).
-    Inputs (k,), (k,), (k, 7)."""
+    Inputs (k,), (k,), (k, 7). ``paired_area``: a package's compiled overlap clipping (`rotated_nms`)."""
     thr = torch.as_tensor(score_thresholds, dtype=scores.dtype, device=scores.device)
     keep = scores >= thr[labels]
     scores, labels, boxes = scores[keep], labels[keep], boxes[keep]
-    idx = rotated_nms(boxes, scores, labels, list(nms_iou), max_detections, cross_class_iou)
+    idx = rotated_nms(boxes, scores, labels, list(nms_iou), max_detections, cross_class_iou, paired_area)
     boxes = boxes[idx].clone()
     boxes[:, 6] = axis_angle(boxes[:, 6])
     return scores[idx], labels[idx], boxes
@@ -156,7 +156,7 @@ def select_detections(
 
 def select_detections_and_candidates(
     scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, score_thresholds, candidate_score: float,
-    nms_iou, max_detections: int, cross_class_iou: float | None = None,
+    nms_iou, max_detections: int, cross_class_iou: float | None = None, paired_area=None,
 ):
     """`select_detections`, and beside them the boxes scoring in [candidate_score, their class's threshold) that the
     same NMS keeps: ((scores, labels, boxes) of the detections, the same of the candidates). One NMS in which every box
@@ -167,7 +167,7 @@ def select_detections_and_candidates(
     scores, labels, boxes, thr = scores[keep], labels[keep], boxes[keep], thr[keep]
     above = scores >= thr
     priority = scores + 2.0 * above.to(scores.dtype)  # scores lie in [0, 1]: the detections sort first
-    idx = rotated_nms(boxes, priority, labels, list(nms_iou), max_detections, cross_class_iou)
+    idx = rotated_nms(boxes, priority, labels, list(nms_iou), max_detections, cross_class_iou, paired_area)
     boxes = boxes[idx].clone()
     boxes[:, 6] = axis_angle(boxes[:, 6])
     scores, labels, det = scores[idx], labels[idx], above[idx]

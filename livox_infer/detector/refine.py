@@ -193,19 +193,20 @@ def stage2_points(levelled: torch.Tensor, ages, age_input: bool) -> torch.Tensor
 
 
 def roi_point_features(points: torch.Tensor, boxes: torch.Tensor, n_samples: int, margin: float,
-                       intensity_scale: float, compiled_core=None,
-                       cells: PointCells | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       intensity_scale: float, compiled_core=None, cells: PointCells | None = None,
+                       near: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Points (N, 4) and candidate boxes (R, 7), both in the levelled frame -> features (R, S, 7) and a
     validity mask (R, S): up to S = ``n_samples`` points inside each box enlarged by ``margin``, invalid
     slots zero. ``compiled_core``: a compiled `sampled_features` (used when at least S points are near); ``cells``:
-    the points' `PointCells`, when the same points are looked at again (each refinement pass)."""
+    the points' `PointCells`, when the same points are looked at again (each refinement pass); ``near``: the
+    indices of the points near the boxes, when the caller has them already (`refine_candidates`)."""
     r = boxes.shape[0]
     feats = points.new_zeros((r, n_samples, POINT_FEATURES))
     valid = torch.zeros((r, n_samples), dtype=torch.bool, device=points.device)
     if r == 0 or points.shape[0] == 0:
         return feats, valid
-    near = _near_any_box(points, boxes, margin, cells=cells)  # indices into points: the same result, far less work
-    near = _cap_near(near, points.dtype)
+    if near is None:  # indices into points: the same result as looking at every point, far less work
+        near = _cap_near(_near_any_box(points, boxes, margin, cells=cells), points.dtype)
     points = points[near]
     n = points.shape[0]
     if n == 0:
@@ -420,20 +421,34 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
     new_scores = scores
     hits = first_hit_map(points) if cfg.visibility else None
     cells = PointCells(points) if r else None
+    fused = getattr(compiled, "refine_pass", None) if compiled is not None and r == compiled.rois else None
     for _ in range(passes or cfg.passes) if r else ():  # no candidate of a refined class: nothing to refine
+        near = _cap_near(_near_any_box(points, boxes, cfg.margin, cells=cells), points.dtype)
+        out = None if fused is None or near.shape[0] < cfg.points else fused(points[near], near, boxes, scores,
+                                                                               labels, hits, intensity_scale)
+        if out is not None:  # the whole pass compiled (`RefinePass`)
+            new_scores, boxes = out
+            continue
         feats, valid = roi_point_features(points, boxes, cfg.points, cfg.margin, intensity_scale,
-                                          None if compiled is None else compiled.features, cells)
+                                          None if compiled is None else compiled.features, near=near)
         context = refiner_context(cfg, num_classes, scores, labels, boxes, hits)
         run = refiner if compiled is None or feats.shape[0] != compiled.rois else compiled.refiner
         iou_logit, residual = run(feats, valid, context)
-        new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
-        # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
-        # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
-        new_scores = torch.where(valid.any(dim=1), new_scores, torch.minimum(new_scores, scores))
-        boxes = next_boxes(boxes, residual, valid)
+        new_scores, boxes = pass_outputs(scores, alpha, boxes, iou_logit, residual, valid)
     if through is not None:
         return torch.cat([new_scores, through[0]]), torch.cat([labels, through[1]]), torch.cat([boxes, through[2]])
     return new_scores, labels, boxes
+
+
+def pass_outputs(scores: torch.Tensor, alpha: torch.Tensor, boxes: torch.Tensor, iou_logit: torch.Tensor,
+                 residual: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass's scores (stage 1's ``scores`` fused with the predicted IoU, per-candidate weight ``alpha``) and
+    next boxes."""
+    new_scores = scores.clamp_min(0.0).pow(1.0 - alpha) * torch.sigmoid(iou_logit).pow(alpha)
+    # a candidate without a single point in reach gives stage 2 nothing to look at: it may lose score
+    # but never gain any (s1 ** (1 - a) lifts a low s1 a lot), and its box stays stage 1's
+    has_points = valid.any(dim=1)
+    return torch.where(has_points, new_scores, torch.minimum(new_scores, scores)), next_boxes(boxes, residual, valid)
 
 
 def next_boxes(boxes: torch.Tensor, residual: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -503,6 +518,30 @@ class SampledFeatures(nn.Module):
 
     def forward(self, points: torch.Tensor, near: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return sampled_features(points, near, boxes, self.k, self.margin, self.intensity_scale)
+
+
+class RefinePass(nn.Module):
+    """One refinement pass of `refine_candidates` from the sampled points on (point features, context, refiner,
+    fused score, next boxes) for exactly ``cfg.rois`` candidates and at least ``cfg.points`` near points, as one
+    module: what `livox-infer export` compiles into a package (`livox_infer.detector.aoti.PackageStage2`), so a pass
+    is one compiled call instead of two and a dozen small eager ops. Inputs: the near points (N, 4) and their
+    indices in the cloud (N,), boxes (R, 7), stage 1's scores (R,) and labels (R,), and with ``cfg.visibility`` the
+    frame's `first_hit_map`; returns (scores (R,), boxes (R, 7))."""
+
+    def __init__(self, refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, intensity_scale: float) -> None:
+        super().__init__()
+        self.refiner, self.cfg, self.num_classes = refiner, cfg, num_classes
+        self.intensity_scale = float(intensity_scale)
+        self.register_buffer("alpha", torch.tensor(cfg.score_alpha, dtype=torch.float32), persistent=False)
+
+    def forward(self, points: torch.Tensor, near: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor,
+                labels: torch.Tensor, first: torch.Tensor | None = None, observed: torch.Tensor | None = None):
+        cfg = self.cfg
+        feats, valid = sampled_features(points, near, boxes, cfg.points, cfg.margin, self.intensity_scale)
+        hits = (first, observed) if cfg.visibility else None
+        iou_logit, residual = self.refiner(feats, valid, refiner_context(cfg, self.num_classes, scores, labels,
+                                                                         boxes, hits))
+        return pass_outputs(scores, self.alpha[labels], boxes, iou_logit, residual, valid)
 
 
 class CompiledRefiner:

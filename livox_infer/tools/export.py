@@ -23,7 +23,7 @@ import torch
 
 from torch._inductor.package import package_aoti
 
-from livox_infer.detector.aoti import STAGE2_PARTS, AotiRunner, manifest_path, record_in_manifest
+from livox_infer.detector.aoti import NMS_PART, STAGE2_PARTS, AotiRunner, manifest_path, record_in_manifest
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
 from livox_infer.params import BY_NAME, DEFAULTS, PRECISIONS, SENSOR_PRESETS
@@ -65,6 +65,8 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
     stage2 = cfg.refine is not None and dev.type == "cpu"  # (stage 2 in a CUDA package: not run without a GPU)
     if stage2:
         metadata.update(stage2_metadata(cfg))
+    if dev.type == "cpu":
+        metadata["nms"] = NMS_PART
     configs: dict[str, Any] = {"aot_inductor.metadata": metadata, "aot_inductor.package": True}
     if dev.type == "cpu":
         configs["freezing"] = True
@@ -73,6 +75,8 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
         parts = {"model": torch._inductor.aot_compile(program.module(), (example,), options=configs)}
         if stage2:
             parts.update(_stage2_parts(infer.net.refiner, cfg, dev))
+        if dev.type == "cpu":
+            parts[NMS_PART] = _nms_part(dev)
         path = str(package_aoti(str(out), parts))
     record_in_manifest(Path(path), {k: metadata[k] for k in ("config_name", "weights_sha256", "device_type")})
     if install:
@@ -91,10 +95,13 @@ def stage2_metadata(cfg: ModelConfig) -> dict[str, str]:
 def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device) -> dict[str, list]:
     """Stage 2's costly parts compiled ahead of time beside the network (the torch.compile path's `CompiledRefiner`):
     the point features with dynamic point and box counts (points: at least the sampled count, at most
-    MAX_NEAR_POINTS; boxes: 2 to rois, as a compiled graph specialises 0 and 1) and the refiner at (rois, points)."""
+    MAX_NEAR_POINTS; boxes: 2 to rois, as a compiled graph specialises 0 and 1), the refiner at (rois, points), and
+    a whole refinement pass (`RefinePass`: rois boxes, dynamic point count), which frames with rois candidates run."""
     from torch.export import Dim
 
-    from livox_infer.detector.refine import MAX_NEAR_POINTS, SampledFeatures, refiner_example_inputs
+    from livox_infer.detector.refine import (
+        MAX_NEAR_POINTS, VIS_AZIMUTH_BINS, RefinePass, SampledFeatures, refiner_example_inputs,
+    )
 
     rc = cfg.refine
     n = max(rc.points, 256)
@@ -105,14 +112,40 @@ def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device)
     dims = ({0: n_points}, {0: n_points}, {0: Dim("boxes", min=2, max=rc.rois)})
     refiner_args = refiner_example_inputs(rc, cfg.num_classes, dev)
     features = SampledFeatures(rc.points, rc.margin, cfg.grid.intensity_scale)
+    # a whole pass: rois boxes (a fixed count: the refiner's), their stage-1 scores and labels, [the hit map]
+    pass_args = (points, torch.arange(n, device=dev), boxes, torch.linspace(0.9, 0.1, rc.rois, device=dev),
+                 torch.arange(rc.rois, device=dev) % cfg.num_classes)
+    if rc.visibility:
+        pass_args += (torch.full((VIS_AZIMUTH_BINS,), 30.0, device=dev),
+                      torch.ones(VIS_AZIMUTH_BINS, dtype=torch.bool, device=dev))
+    pass_dims = ({0: n_points}, {0: n_points}) + (None,) * (len(pass_args) - 2)
+    refine_pass = RefinePass(refiner.eval(), rc, cfg.num_classes, cfg.grid.intensity_scale).eval()
     package = {"aot_inductor.package": True}
     out = {}
     for name, module, args, shapes, opts in (
             ("stage2_features", features, feats_args, dims, package),
-            ("stage2_refiner", refiner.eval(), refiner_args, None, {**package, "freezing": True})):
+            ("stage2_refiner", refiner.eval(), refiner_args, None, {**package, "freezing": True}),
+            ("stage2_pass", refine_pass, pass_args, pass_dims, {**package, "freezing": True})):
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
         out[name] = torch._inductor.aot_compile(program.module(), args, options=opts)
     return out
+
+
+def _nms_part(dev: torch.device) -> list:
+    """The NMS's overlap clipping compiled for any count of box pairs from 2 (a CPU package's part: ~60 small ops
+    eagerly, 1.3 of the 2 ms of the postprocess)."""
+    from torch.export import Dim
+
+    from livox_infer.detector.boxes import PairedIntersectionArea, bev_corners
+
+    boxes = torch.tensor([[0.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.3], [1.0, 0.5, 0.0, 4.2, 1.9, 1.5, 0.1]] * 4,
+                         dtype=torch.float64, device=dev)
+    corners = bev_corners(boxes)
+    args = (corners, corners.flip(0).contiguous())
+    pairs = Dim("pairs", min=2, max=1 << 16)
+    program = torch.export.export(PairedIntersectionArea(), args, dynamic_shapes=({0: pairs}, {0: pairs}),
+                                  strict=False)
+    return torch._inductor.aot_compile(program.module(), args, options={"aot_inductor.package": True})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -42,10 +42,10 @@ class ReferenceConstants:
         self.xy_levels, self.inv_2_xy_levels = t(k["xy_levels"]), t(k["inv_2_xy_levels"])
         self.count_lut = torch.from_numpy(grid.count_lut()).to(device)
         self.slice_bits = torch.arange(grid.n_height_slices, dtype=torch.int32, device=device)
-        # z level + 1 -> flat offset of its slice channel in the (C * n_cells) output; covers the
-        # levels -1 and z_levels that invalid points may carry (their entries are never used).
+        # z level + 1 -> its slice channel; covers the levels -1 and z_levels that invalid points may carry
+        # (their entries are never used).
         slice_of_level = torch.arange(-1, grid.z_levels + 1, dtype=torch.int64, device=device).clamp(0, grid.z_levels - 1)
-        self.slice_channel_offset = (grid.slice_channel_start + slice_of_level // grid.levels_per_slice) * grid.n_cells
+        self.slice_channel = grid.slice_channel_start + slice_of_level // grid.levels_per_slice
 
     def tiled(self, n: int) -> dict[str, torch.Tensor]:
         """The per-column constants repeated for n <= TILED_ROWS_MAX rows, flat (4n,): same-shape
@@ -203,7 +203,8 @@ def voxelize_reference(
     grid is mostly empty; touching every cell in eager torch costs milliseconds), sets the slice
     channels straight from each point's slice instead of packing a bitmask, and like kernel 2
     resets only the accumulator cells it used. `state` (from `new_reference_state`) is reused
-    when given."""
+    when given. The (C, H, W) result has channels-last strides (a permuted (H, W, C) tensor): what the network
+    takes; ``.contiguous()`` gives the plain layout."""
     c = constants or ReferenceConstants(grid, points.device)
     s = state if state is not None else new_reference_state(grid, points.device)
     n_points, n_cells, dev = points.shape[0], grid.n_cells, points.device
@@ -243,14 +244,15 @@ def voxelize_reference(
         for name in XY_SUMS:
             channels.append(rounded_mean(s[name]).mul_(2).add_(1).to(torch.float32).mul_(c.inv_2_xy_levels))
 
-    # Flat output with one trailing trash element that invalid points write their slice to.
-    n_out = grid.n_channels * n_cells
+    # Flat output, cell-major (H, W, C: the network's channels_last input, so the pipeline's copy into it is a plain
+    # copy, not a transpose), with one trailing trash element that invalid points write their slice to.
+    n_ch = grid.n_channels
+    n_out = n_ch * n_cells
     out = torch.zeros(n_out + 1, dtype=torch.float32, device=dev)
-    slice_index = torch.where(valid, c.slice_channel_offset.index_select(0, zq + 1).add_(cell), n_out)
+    slice_index = torch.where(valid, cell * n_ch + c.slice_channel.index_select(0, zq + 1), n_out)
     out.scatter_(0, slice_index, c.ones(n_points, torch.float32))
-    out2d = out[:n_out].view(grid.n_channels, n_cells)
-    for k, values in enumerate(channels):
-        out2d[k].index_copy_(0, cells, values)
+    out2d = out[:n_out].view(n_cells, n_ch)
+    out2d[:, : len(channels)].index_copy_(0, cells, torch.stack(channels, dim=1))
 
     dense_reset = 4 * cells.shape[0] >= n_cells  # many cells touched: a memset beats scattered writes
     for name in s.keys() - {"last_point"}:  # (reset above, only for the cells it marked)
@@ -260,4 +262,4 @@ def voxelize_reference(
         else:
             s[name].index_fill_(0, cells, identity)
             s[name][n_cells:].fill_(identity)  # the trash cell
-    return out2d.view(grid.shape)
+    return out2d.view(grid.height, grid.width, n_ch).permute(2, 0, 1)  # (C, H, W), channels-last strides
