@@ -31,8 +31,9 @@ from livox_infer.errors import LivoxInferError, WeightsError
 from livox_infer.detector.config import ModelConfig
 
 log = logging.getLogger("livox_infer.export")
-# v2 (2026-12-05): a CPU package of a model with stage 2 holds its compiled parts too; a v1 package still loads (stage 2
-# then runs eagerly) when named, but is no longer picked from the cache, so `make setup` and the node rebuild it
+# v3 (2026-12-05): a CPU package holds stage 2's compiled parts (v2 had features and refiner, v3 adds a whole pass)
+# and the NMS's clipping; older packages still load when named (the missing parts run eagerly), but are no longer
+# picked from the cache, so `make setup` and the node rebuild them
 PACKAGE_FORMAT = "livox_infer.aoti.v3"
 LOADABLE_FORMATS = ("livox_infer.aoti.v1", "livox_infer.aoti.v2", PACKAGE_FORMAT)
 MANIFEST_FORMAT = "livox_infer.aoti_manifest.v1"

@@ -147,6 +147,19 @@ def _near_axis(yaw: float, ref: float) -> float:
     return ref + d
 
 
+def _greedy(pairs: list[tuple], used_t: set[int], used_d: set[int]) -> list[tuple[int, int]]:
+    """Greedy one-to-one matching: ``pairs`` (sort key..., track index, detection index) taken in sorted order, each
+    track and detection at most once and none of ``used_t`` / ``used_d`` (updated in place)."""
+    out = []
+    for *_, ti, di in sorted(pairs):
+        if ti in used_t or di in used_d:
+            continue
+        used_t.add(ti)
+        used_d.add(di)
+        out.append((ti, di))
+    return out
+
+
 class Tracker:
     """See the module docstring. ``class_names[label]`` names each label (the model config's classes)."""
 
@@ -305,15 +318,7 @@ class Tracker:
                 d = float(np.hypot(*(centres[di] - t.x[:2])))
                 if d <= gate:
                     pairs.append((0 if t.confirmed and t.hits >= 2 else 1, d, ti, int(di)))
-        pairs.sort()
-        used_t, used_d, out = set(), set(), []
-        for _, _, ti, di in pairs:
-            if ti in used_t or di in used_d:
-                continue
-            used_t.add(ti)
-            used_d.add(di)
-            out.append((ti, di))
-        return out
+        return _greedy(pairs, set(), set())
 
     def _recover(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
                  matches: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -335,15 +340,7 @@ class Tracker:
                 m2 = float(r @ s_inv @ r)
                 if m2 <= RECOVER_CHI2 and float(np.hypot(*r)) <= RECOVER_GATE_FACTOR * gate:
                     pairs.append((m2, ti, int(di)))
-        pairs.sort()
-        out = []
-        for _, ti, di in pairs:
-            if ti in used_t or di in used_d:
-                continue
-            used_t.add(ti)
-            used_d.add(di)
-            out.append((ti, di))
-        return out
+        return _greedy(pairs, used_t, used_d)
 
     def _correct(self, t: _Track, centre: np.ndarray, box: np.ndarray, yaw: float, score: float, dt: float) -> None:
         _, _, meas, _ = self.config.model(t.name)
