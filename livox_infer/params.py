@@ -117,8 +117,12 @@ PARAMS: tuple[Param, ...] = (
           "build_package. false: eager, no compile step.", applies=REBUILD),
     Param("build_package", "bool", True, "With use_compile on a CPU and no matching package: true = detect eagerly at "
           "once, build the package in a background process at the lowest CPU priority (20-60 s) and switch to it; "
-          "later starts load it (~2 s). false = torch.compile before the first detection (~45 s "
-          "cold; ~6-7 s when an earlier start saved what it compiled).", applies=REBUILD),
+          "later starts load it (~2 s). false = torch.compile in the node (see compile_in_background).",
+          applies=REBUILD),
+    Param("compile_in_background", "bool", True, "Where torch.compile runs in the node (use_compile on a CPU, no "
+          "matching package, build_package false): true = detect eagerly at once while a thread compiles the "
+          "network and stage 2 (~45 s cold) or loads what an earlier start saved (~5-8 s), then switch to them; "
+          "false = compile before the first detection.", applies=REBUILD),
     # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     Param("aoti_package", "string", "", "AOTInductor package (.pt2) from `livox-infer export`: the network compiled "
           "ahead of time with its weights, no compiler needed; empty = off. Only packages listed in the export "
@@ -290,6 +294,7 @@ def pipeline_options(values: Mapping[str, Any]) -> dict[str, Any]:
             "device": values["device"],
             "compile": bool(values["use_compile"]),
             "build_package": bool(values.get("build_package", DEFAULTS["build_package"])),
+            "compile_in_background": bool(values.get("compile_in_background", DEFAULTS["compile_in_background"])),
             "aoti_package": values["aoti_package"] or None,
             "test_time_flip": bool(values["test_time_flip"]),
             "precision": values.get("precision", DEFAULTS["precision"]),

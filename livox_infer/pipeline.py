@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +163,12 @@ class DetectionPipeline:
     build_package: with ``compile`` on a CPU and no package built for this machine: detect eagerly at once, build
         the package in a background child process at the lowest CPU priority (`livox_infer.detector.package_build`)
         and switch to it between two frames once it is built (every later start loads it). False: torch.compile
-        now, before the first detection (~10 s with a warm inductor cache, ~45 s cold, on 1 CPU core).
+        now (see ``compile_in_background``).
+    compile_in_background: with ``compile`` on a CPU where torch.compile runs (no package, no background package
+        build): detect eagerly at once while a thread compiles the network and stage 2's parts, or loads what an
+        earlier start saved (`livox_infer.detector.precompiled`), and switch to them between two frames once they
+        are ready (the node's default: it is never blind for the 5-8 s of a warm start or the ~45 s of a cold one).
+        False (the offline commands' setting): compile before the first detection, so every frame runs compiled.
     test_time_flip: run the network on the frame and its mirror image (y -> -y) and average the
         head maps: a little more accurate, ~2x network time (docs/detector.md).
     refine: run stage 2 (point-based refinement of the best candidates, `livox_infer.detector.refine`) when
@@ -199,13 +205,17 @@ class DetectionPipeline:
         candidate_score: float | None = None,
         build_package: bool = False,
         precision: str = DEFAULTS["precision"],
+        compile_in_background: bool = False,
     ) -> None:
         self._params: dict[str, Any] = {}
         self._net_params = dict(model=model, weights=weights, device=device, compile=compile, cuda_graphs=cuda_graphs,
                                 aoti_package=aoti_package, test_time_flip=bool(test_time_flip),
                                 bev_extent=None if bev_extent is None else tuple(bev_extent),
-                                build_package=bool(build_package), precision=precision)
+                                build_package=bool(build_package), precision=precision,
+                                compile_in_background=bool(compile_in_background))
         self._package_build = None  # PackageBuild while the package is being built in the background
+        self._background: _BackgroundCompile | None = None  # torch.compile running in a thread (compile_in_background)
+        self._background_pending = False  # the network built eager, its background compile not started yet
         self.package_build_error: str | None = None  # why the background build gave no package
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
@@ -215,11 +225,13 @@ class DetectionPipeline:
             max_detections=max_detections, refine=refine, max_points=max_points, candidate_score=candidate_score,
         )
         self.self_test()
+        self._start_background_compile()
 
     # -- construction --------------------------------------------------------------------------
     def _build_network(self) -> None:
         p = self._net_params
         self._stop_package_build()  # a build for the settings before a rebuild is not needed any more
+        self._background, self._background_pending = None, False  # a compile for the old settings: its result unused
         self.startup = StartupLog()  # phases of this build, for the log and the node's start-up line
         self._fields: dict[str, str] | None = None  # what a package or saved compile must match (aoti.package_fields)
         self.cfg = p["model"] if isinstance(p["model"], ModelConfig) else ModelConfig.load(p["model"])
@@ -257,8 +269,12 @@ class DetectionPipeline:
         elif p["compile"]:
             if no_package:
                 self.startup.notes.append(f"torch.compile, since {no_package}")
-            with self.startup.phase("compile"), self.startup.inductor_cache():
-                self._compile(self._eager)
+            if p.get("compile_in_background") and self.device.type == "cpu":
+                self._background_pending = True  # started once the pipeline is checked (`_start_background_compile`)
+                self.startup.notes.append("eager until torch.compile is ready in the background")
+            else:
+                with self.startup.phase("compile"), self.startup.inductor_cache():
+                    self._compile(self._eager)
         log.info("pipeline ready: %s", self.startup.summary())
 
     def _start_package_build(self, weights: Path, why: str) -> bool:
@@ -302,8 +318,10 @@ class DetectionPipeline:
         return f"building {build.package.name} in the background ({build.elapsed_s():.0f} s, log {build.log_path})"
 
     def close(self) -> None:
-        """Stop a background package build (it also ends with this process)."""
+        """Stop a background package build (it also ends with this process); a background compile's result is
+        dropped (its daemon thread ends with its compile)."""
         self._stop_package_build()
+        self._background = None
 
     def _adopt_built_package(self) -> None:
         """Between two frames: switch to the package once the background build has made it (one log line either way)."""
@@ -426,9 +444,10 @@ class DetectionPipeline:
         if self._stage2 is not None and self.device.type == "cpu":
             self._compile_refiner()
 
-    def _compile_saved(self, fn: Any, example_args: tuple, part: str, dynamic: bool = False) -> Any:
+    def _compile_saved(self, fn: Any, example_args: tuple, part: str, dynamic: bool = False,
+                       notes: list[str] | None = None) -> Any:
         """torch.compile ``fn`` (run once on ``example_args``), or load what an earlier start compiled for the same
-        settings, weights and code; which of the two it was goes into the start-up summary."""
+        settings, weights and code; which of the two it was goes into ``notes`` (default: the start-up summary)."""
         from livox_infer.detector.aoti import package_fields
         from livox_infer.detector.precompiled import compile_saved
 
@@ -437,7 +456,7 @@ class DetectionPipeline:
                                           self.precision)
         with torch.no_grad():
             compiled, how = compile_saved(fn, example_args, part, self._fields, dynamic=dynamic)
-        self.startup.notes.append(f"{part} {how}")
+        (self.startup.notes if notes is None else notes).append(f"{part} {how}")
         return compiled
 
     def _compile_refiner(self) -> None:
@@ -453,32 +472,111 @@ class DetectionPipeline:
         log.warning("torch.compile of stage 2 failed, running it eagerly: %s: %s", type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "")
 
-    def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor) -> None:
+    def _warm_up_refiner(self, points: torch.Tensor, boxes: torch.Tensor, compiled: Any = None,
+                         notes: list[str] | None = None) -> bool:
         """Compile stage 2's parts now, not on the first real frame: its point features compile at their first
-        call with at least `refine.points` points near the boxes."""
+        call with at least `refine.points` points near the boxes. ``compiled``: the `CompiledRefiner` to fill
+        (default the running stage 2's). False when that failed (logged; stage 2 then runs eagerly)."""
         from livox_infer.detector.refine import refiner_example_inputs, sampled_features
 
-        rc, compiled = self.cfg.refine, self._stage2.compiled_refiner
+        rc, compiled = self.cfg.refine, compiled or self._stage2.compiled_refiner
         try:
             n = max(rc.points, 256)
             features_args = (points[:n].float(), torch.arange(n, device=self.device), boxes[: rc.rois].float(),
                              rc.points, rc.margin, self.grid.intensity_scale)
             refiner_args = refiner_example_inputs(rc, self.cfg.num_classes, self.device)
             if self.device.type == "cpu":  # saved for the next start, like the network
-                compiled.features = self._compile_saved(sampled_features, features_args, "stage2_features", dynamic=True)
-                compiled.refiner = self._compile_saved(self._stage2.refiner, refiner_args, "stage2_refiner")
+                compiled.features = self._compile_saved(sampled_features, features_args, "stage2_features", dynamic=True,
+                                                        notes=notes)
+                compiled.refiner = self._compile_saved(self._stage2.refiner, refiner_args, "stage2_refiner",
+                                                       notes=notes)
             else:
                 compiled.features(*features_args)
                 compiled.refiner(*refiner_args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
+            if notes is not None:  # in the background: the running stage 2 is eager already
+                log.warning("torch.compile of stage 2 failed, running it eagerly: %s: %s", type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "")
+                return False
             self._refiner_compile_failed(exc)
+            return False
+        return True
+
+    # -- torch.compile in the background (compile_in_background) ------------------------------------
+    def _start_background_compile(self) -> None:
+        if not self._background_pending:
+            return
+        self._background_pending = False
+        if self._fields is None:  # what a saved compile must match, computed here: the thread only reads it
+            from livox_infer.detector.aoti import package_fields
+
+            self._fields = package_fields(self.cfg, self.weights_file, self.device, self._net_params["test_time_flip"],
+                                          self.precision)
+        self._background = _BackgroundCompile(self._compile_detached)
+
+    def _compile_detached(self, notes: list[str]) -> tuple[Any, Any]:
+        """The background thread's work: (the compiled network, stage 2's compiled parts or None), each compiled or
+        loaded as `_compile` and `_warm_up_refiner` do, on inputs of its own (``detect`` fills ``self._input``
+        meanwhile); nothing the running pipeline uses is touched until `_adopt_compiled` takes them."""
+        from livox_infer.detector.refine import CompiledRefiner
+
+        example = torch.zeros_like(self._input)
+        network = self._compile_saved(self._eager, (example,), "network", notes=notes)
+        if self._stage2 is None:
+            return network, None
+        refiner = CompiledRefiner(self._stage2.refiner, self.cfg.refine)
+        with torch.no_grad():
+            _, _, boxes = network(example)
+        points = torch.from_numpy(synthetic_frame(self.grid)).to(self.device)
+        if not self._warm_up_refiner(points, boxes, refiner, notes):
+            refiner = None  # its compile failed (logged): stage 2 stays eager
+        return network, refiner
+
+    def _adopt_compiled(self) -> None:
+        """Between two frames: run what the background thread compiled once it is done (one log line either way)."""
+        job = self._background
+        if job.thread.is_alive():
+            return
+        self._background = None
+        if job.error is not None:
+            self.compile_error = job.error
+            log.warning("torch.compile in the background failed, the network stays eager: %s", job.error)
+            self.startup.notes.append(f"torch.compile in the background failed: {job.error}")
+            return
+        network, refiner = job.result
+        self._runner = network
+        if self._stage2 is not None:
+            self._stage2.compiled_refiner = refiner
+        self.compiled = True
+        self.network_backend = "compiled"
+        note = (f"switched to torch.compile, ready {job.elapsed_s:.1f} s after the eager start "
+                f"({', '.join(job.notes)})")
+        self.startup.notes.append(note)
+        log.info("%s", note)
+
+    @property
+    def background_compile_state(self) -> str | None:
+        """While torch.compile runs in the background: for how long; else None."""
+        job = self._background
+        if job is None:
+            return "torch.compile to start in the background" if self._background_pending else None
+        return f"torch.compile in the background ({time.monotonic() - job.started:.0f} s)"
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile (benchmarks, tests) and switch to it now; True when the network runs
+        compiled."""
+        job = self._background
+        if job is not None:
+            job.thread.join(timeout)
+            self._adopt_compiled()
+        return self.compiled
 
     # -- parameters ----------------------------------------------------------------------------
     def update(self, **params: Any) -> None:
         """Change parameters at run time. model/weights/device/compile/cuda_graphs rebuild the network;
         intensity_scale rebuilds the voxelizer; everything else is immediate."""
         net_keys = {"model", "weights", "device", "compile", "cuda_graphs", "aoti_package", "test_time_flip", "bev_extent",
-                    "build_package", "precision"}
+                    "build_package", "precision", "compile_in_background"}
         all_keys = net_keys | {
             "sensor_height", "sensor_tilt", "intensity_scale", "score_thresholds", "roi", "tag_filter", "max_range",
             "min_range", "nms_iou", "max_detections", "refine", "max_points", "candidate_score",
@@ -546,6 +644,8 @@ class DetectionPipeline:
         )
         self._params = new
         self.classes = classes
+        if rebuild_net:
+            self._start_background_compile()
 
     def _per_class(self, value: Any, default: tuple[float, ...], name: str) -> tuple[float, ...]:
         classes = self.cfg.classes
@@ -624,6 +724,8 @@ class DetectionPipeline:
     def detect(self, x: Any) -> Detections:
         if self._package_build is not None:  # built in the background: use it from this frame on
             self._adopt_built_package()
+        if self._background is not None:  # compiled in the background: the same
+            self._adopt_compiled()
         t0 = time.perf_counter()
         cloud, over_budget = limit_points(_as_cloud(x, self.filters), self._params["max_points"])
         t1 = time.perf_counter()
@@ -688,3 +790,24 @@ class DetectionPipeline:
         return scores.cpu().numpy().astype(np.float32), labels.cpu().numpy().astype(np.int64), boxes_np
 
     __call__ = detect
+
+
+class _BackgroundCompile:
+    """One thread running ``work(notes)`` -> result; ``error`` says why it has none. A daemon thread: a pipeline that
+    is rebuilt or closed meanwhile drops the job, and the thread ends with its compile."""
+
+    def __init__(self, work: Any) -> None:
+        self.started = time.monotonic()
+        self.elapsed_s = 0.0
+        self.notes: list[str] = []
+        self.result: Any = None
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name="livox_background_compile", daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Any) -> None:
+        try:
+            self.result = work(self.notes)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: the pipeline stays eager
+            self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        self.elapsed_s = time.monotonic() - self.started

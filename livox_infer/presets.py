@@ -69,6 +69,7 @@ def cli_pipeline_options(sensor: str | None, given: dict[str, Any], command_line
         base = {k: v for k, v in preset_pipeline_options(sensor).items() if k not in command_line}
     else:
         base = dict(defaults)
-    # an offline command compiles before its first cloud (build_package is the node's: a run that switches networks
-    # half-way through would not give the same boxes twice)
-    return {**base, **{k: v for k, v in given.items() if v is not None}, **command_line, "build_package": False}
+    # an offline command compiles before its first cloud (build_package and compile_in_background are the node's: a
+    # run that switches networks half-way through would not give the same boxes twice)
+    return {**base, **{k: v for k, v in given.items() if v is not None}, **command_line, "build_package": False,
+            "compile_in_background": False}

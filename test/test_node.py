@@ -466,9 +466,13 @@ def test_start_up_says_how_the_pipeline_is_built(tmp_path, monkeypatch):
     values["build_package"] = False
     cache = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    said = describe_start(values)  # compile_in_background, the default
+    assert "in a background thread, eager at once until it is ready" in said and "no warm compile cache" in said
+    values["compile_in_background"] = False
     assert "no warm compile cache in" in describe_start(values) and str(cache) in describe_start(values)
     (cache / "fxgraph").mkdir(parents=True)
     assert "warm compile cache found in" in describe_start(values)
+    assert "(compile_in_background; warm compile cache" in describe_start({**values, "compile_in_background": True})
     assert "eager" in describe_start({**values, "use_compile": False})
     assert "AOTInductor package /x.pt2" in describe_start({**values, "aoti_package": "/x.pt2"})
 

@@ -34,6 +34,7 @@ OLD_COMMON = {
     "sensor_height": 1.8, "tag_filter": "high_confidence", "test_time_flip": False, "threads": 1,
     "use_compile": True, "weights": "",
     "build_package": True,  # issue 33: without a matching package, eager at once while it is built in the background
+    "compile_in_background": True,  # issue 33: torch.compile in the node: eager at once while a thread compiles / loads
     "precision": "auto",  # issue 33: bf16 backbone and neck on a CPU with AMX
     # issue 32: tracking (livox_infer/tracking), on by default; gates per class from the tracker's table
     "tracking": True, "tracking_confirm_hits": 2, "tracking_max_misses": 8, "tracking_coast_frames": 3,

@@ -7,10 +7,13 @@ cache hits / misses, which network runs and why) is shown beside it. Each kind o
 folder under ``--cache-dir`` (default a new empty one), so the first of its rows starts from nothing:
 
 - ``new``: the node's defaults on a machine without a package (an empty cache folder): eager at once while the package
-  is built in the background (``build_package``); the row also times spawn -> the node's "network now ... (aoti)" line;
+  is built in the background (``build_package``); the row also times spawn -> the node's "network now ... (aoti)" line
+  (the "compiled in use" column);
 - ``restart``: the same folder again: a later start, which loads the package ``new`` built;
 - ``cold`` / ``warm``: ``build_package:=false``, so torch.compile in the node, with an empty inductor cache and then
-  with the one ``cold`` left;
+  with the one ``cold`` left: eager at once while a thread compiles (or loads what ``cold`` saved), the "compiled in
+  use" column timing the node's "network now ... (compiled)" line (``compile_in_background``, the default); add
+  ``--compile-first`` for ``compile_in_background:=false``, compiled before the first detection;
 - ``package``: ``livox-infer export --install --sensor S`` into its folder first (timed, once per machine, as
   ``make setup`` does), then the node finds the package by itself; ``--aoti-package`` names one instead;
 - ``eager``: ``--use-compile false``.
@@ -35,7 +38,8 @@ from livox_infer.threads import add_threads_argument
 
 STARTUP_RE = re.compile(r"pipeline ready after [\d.]+ s \((.*)\)$", re.MULTILINE)  # the node's one ready line
 MODES = ("new", "restart", "cold", "warm", "package", "eager")
-SWITCH_RE = re.compile(r"network now \S+ \(aoti[,)]|no AOTInductor package from the background build")  # node.py
+SWITCH_RE = re.compile(r"network now \S+ \((aoti|compiled)[,)]|no AOTInductor package from the background build|"
+                       r"torch.compile in the background failed")  # node.py, pipeline.py
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="false: only the eager row (the same as --no-compile)")
     p.add_argument("--aoti-package", default=None, help="time this AOTInductor package instead of exporting one")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the first detection per run")
+    p.add_argument("--compile-first", action="store_true",
+                   help="cold / warm rows with compile_in_background:=false: torch.compile before the first detection")
     add_threads_argument(p)
 
 
@@ -75,8 +81,8 @@ def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, clou
                    params: list[str] | None = None, wait_for_package: bool = False
                    ) -> tuple[float | None, float | None, str]:
     """(seconds from spawn to the first detections message or None on timeout, with ``wait_for_package`` seconds to
-    the node's line that the package built in the background runs (None: not within the timeout), the node's
-    start-up line)."""
+    the node's line that the package built or the network compiled in the background runs (None: not within the
+    timeout), the node's start-up line)."""
     import rclpy
     from sensor_msgs.msg import PointCloud2
     from vision_msgs.msg import Detection3DArray
@@ -123,6 +129,12 @@ def time_one_start(args: argparse.Namespace, env: dict[str, str], run: str, clou
     failed = re.search(r"no AOTInductor package from the background build \((.*)\)", text)
     if failed:
         switched, said = None, f"{said}; background build failed: {failed.group(1)}"
+    failed = re.search(r"torch.compile in the background failed.*", text)
+    if failed:
+        switched, said = None, f"{said}; {failed.group(0)}"
+    switch = re.search(r"network now \S+ \(compiled[^)]*\): (.*)$", text, re.MULTILINE)
+    if switch:  # what the thread compiled or loaded
+        said = f"{said}; {switch.group(1)}"
     return elapsed, switched, said
 
 
@@ -165,8 +177,11 @@ def main(args: argparse.Namespace) -> int:
             family = {"restart": "new", "warm": "cold"}.get(mode, mode)  # a second start reuses the first one's folder
             env = _env(root / family, own_manifest=not package)
             params = [f"aoti_package:={os.path.abspath(package)}"] if package else []
+            background = mode in ("cold", "warm") and not args.compile_first
             if mode in ("cold", "warm"):
                 params.append("build_package:=false")
+                if args.compile_first:
+                    params.append("compile_in_background:=false")
             if mode == "package" and not package:
                 try:
                     seconds, said = export_package(args, env)
@@ -178,9 +193,10 @@ def main(args: argparse.Namespace) -> int:
             for run in range(1 if mode in ("new", "cold") else args.runs):
                 elapsed, switched, startup = time_one_start(args, env, f"{mode}{run}", cloud,
                                                             compile_=(mode != "eager"), params=params,
-                                                            wait_for_package=(mode == "new"))
+                                                            wait_for_package=(mode == "new" or background))
                 rows.append([mode, run + 1, f"{elapsed:.1f}" if elapsed is not None else "timeout",
-                             "" if mode != "new" else f"{switched:.1f}" if switched is not None else "-", startup])
+                             "" if not (mode == "new" or background) else f"{switched:.1f}" if switched is not None
+                             else "-", startup])
     finally:
         rclpy.try_shutdown()
         if scratch is not None:
@@ -190,6 +206,6 @@ def main(args: argparse.Namespace) -> int:
           f"cores, load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for note in notes:
         print(note)
-    print(format_table(["start", "run", "first detection s", "package in use s", "node start-up phases (its ready line)"],
+    print(format_table(["start", "run", "first detection s", "compiled in use s", "node start-up phases (its ready line)"],
                        rows))
     return 0 if all(r[2] != "timeout" and r[3] != "-" for r in rows) else 1

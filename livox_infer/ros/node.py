@@ -730,6 +730,9 @@ class DetectorNode(Node):
         if compile_error:
             values["compile_error"] = compile_error
         building = getattr(self._pipeline, "package_build_state", None)
+        compiling = getattr(self._pipeline, "background_compile_state", None)
+        if compiling:
+            values["background_compile"] = compiling
         if building:
             values["package_build"] = building
         elif getattr(self._pipeline, "package_build_error", None):

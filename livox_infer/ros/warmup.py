@@ -37,6 +37,9 @@ def describe_start(values: dict[str, Any]) -> str:
                 "matches, else eager at once while that package is built in the background (build_package)")
     cache, warm = compile_cache_state()
     package = f"the AOTInductor package built for this machine if one in {packages_dir()} matches, else torch.compile"
+    if values.get("compile_in_background", True) and values["device"] != "cuda":
+        return (f"building {what}: {package} in a background thread, eager at once until it is ready "
+                f"(compile_in_background; {'warm' if warm else 'no warm'} compile cache in {cache})")
     if warm:
         return (f"building {what}: {package}; warm compile cache found in {cache} (when it holds this "
                 f"model's kernels: seconds, not a minute)")
