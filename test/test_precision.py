@@ -63,3 +63,12 @@ def test_bf16_detections_match_fp32():
             assert d[j] < 0.1 and b.labels[j] == label and abs(b.scores[j] - score) < 0.03, (seed, box, score)
             matched += 1
     assert matched >= 10
+
+
+def test_bf16_inference_leaves_autocasts_weight_cache_empty():
+    """The inference network's weights need no gradient, so bf16 autocast caches no weight casts: clearing a filled
+    cache at autocast's exit took the GIL under the cache's mutex and deadlocked eager frames against torch.compile
+    tracing in the background thread (compile_in_background, issue 33)."""
+    infer, _ = build_inference_model(ModelConfig.load("lite"), ModelConfig.load("lite").weights_path(),
+                                     torch.device("cpu"), precision="bf16")
+    assert not any(p.requires_grad for p in infer.parameters())

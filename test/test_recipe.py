@@ -48,8 +48,8 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage12-trucks2", "stage13-stacked", "stage13-stacked2"] and \
-        len(names) == 18
+    assert names[0] == "stage1" and names[-3:] == ["stage13-stacked2", "stage15-trucks", "stage15-trucks2"] and \
+        len(names) == 20
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -132,6 +132,7 @@ STAGE12_DATA = {  # the commands that made stage 12's (and 13's) shards (2026-12
     "T1": "--train-frames 500 --val-frames 100 --seed 403 --sim-option large_vehicles=3",
     "M1": "--train-frames 900 --val-frames 100 --seed 404 --stack 2,4",
     "M2": "--train-frames 900 --val-frames 100 --seed 405 --stack 2,4",
+    "T2": "--train-frames 1000 --val-frames 100 --seed 407 --sim-option large_vehicles=3",  # stage 15 (2026-12-06)
 }
 
 
@@ -206,6 +207,16 @@ STAGE13_TRAIN = {
 }
 
 
+# stage 15 (2026-12-06): the same, truck-rich (T1 twice and T2 beside R2, M1, M2); the same commands with --real-sources
+# kitti / av2 made models/cv/lite.trained-on-*.safetensors
+STAGE15_TRAIN = {
+    "stage15-trucks": ("--stage detector --train-frames 4800 --val-frames 200 --steps 1500 --val-every 500 --lr 3e-4 "
+                       "--seed 715 " + _REAL, "stage13-stacked2", ["R2", "T1", "T1", "T2", "M1", "M2"]),
+    "stage15-trucks2": ("--stage detector --train-frames 4800 --val-frames 200 --steps 1500 --val-every 500 --lr 3e-4 "
+                        "--seed 716 " + _REAL, "stage15-trucks", ["R2", "T1", "T1", "T2", "M1", "M2"]),
+}
+
+
 def _check_real_fold_stage(stage, commands, tmp_path, unrecorded=("select",)):
     """A real-fold stage of the recipe (stage 12 or 13) runs the command of its table (flags, init, train data), the
     keys in ``unrecorded`` aside (the runs kept every checkpoint and the last was taken: select last, stop_after);
@@ -231,6 +242,13 @@ def test_stage13_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
     assert cfg.grid.age_channel_s == 0.5 and not cfg.use_intensity and cfg.classes == ModelConfig.load("lite").classes
     assert cfg.architecture_hash() == ModelConfig.load("lite").architecture_hash()  # the shipped network
     assert load_recipe(RECIPE).stage("stage13-stacked2").stop_after == 1000
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE15_TRAIN))
+def test_stage15_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+    ours = _check_real_fold_stage(stage, STAGE15_TRAIN, tmp_path)
+    cfg = ours.model_config()
+    assert cfg.architecture_hash() == ModelConfig.load("lite").architecture_hash()  # the shipped network
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE12_TRAIN))
@@ -341,8 +359,8 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     final = run_recipe(recipe, tmp_path, start="stage9-refine", rt=Runtime(threads=1, workers=0))
     assert final == tmp_path / "lite.safetensors"
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
-        "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage9",
-        "stage9-refine"]
+        "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage15-trucks",
+        "stage15-trucks2", "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])

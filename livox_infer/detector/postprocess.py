@@ -136,6 +136,10 @@ def build_inference_model(cfg: ModelConfig, weights, device: torch.device, flip:
     fuse_batchnorm(net)
     infer = InferenceModel(net, cfg, flip=flip, amp_dtype=amp_dtype(precision))
     infer = infer.to(device).to(memory_format=torch.channels_last).eval()
+    # inference: no gradients. It also keeps autocast's cache of bf16 weight casts (one map behind a mutex, filled only
+    # for tensors that require grad) empty: clearing a filled one at autocast's exit needed the GIL under that mutex,
+    # which deadlocked eager bf16 frames against torch.compile tracing the network in the background thread
+    infer.requires_grad_(False)
     return infer, meta
 
 
