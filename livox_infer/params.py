@@ -121,7 +121,7 @@ PARAMS: tuple[Param, ...] = (
           applies=REBUILD),
     Param("compile_in_background", "bool", True, "Where torch.compile runs in the node (use_compile on a CPU, no "
           "matching package, build_package false): true = detect eagerly at once while a thread compiles the "
-          "network and stage 2 (~45 s cold) or loads what an earlier start saved (~5-8 s), then switch to them; "
+          "network and stage 2 (~30-45 s cold) or loads what an earlier start saved (~3 s), then switch to them; "
           "false = compile before the first detection.", applies=REBUILD),
     # read-only: a package is native code, so which one runs is decided at start-up, not over the network
     Param("aoti_package", "string", "", "AOTInductor package (.pt2) from `livox-infer export`: the network compiled "
