@@ -448,16 +448,21 @@ class DetectionPipeline:
                        notes: list[str] | None = None) -> Any:
         """torch.compile ``fn`` (run once on ``example_args``), or load what an earlier start compiled for the same
         settings, weights and code; which of the two it was goes into ``notes`` (default: the start-up summary)."""
-        from livox_infer.detector.aoti import package_fields
         from livox_infer.detector.precompiled import compile_saved
 
-        if self._fields is None:
-            self._fields = package_fields(self.cfg, self.weights_file, self.device, self._net_params["test_time_flip"],
-                                          self.precision)
         with torch.no_grad():
-            compiled, how = compile_saved(fn, example_args, part, self._fields, dynamic=dynamic)
+            compiled, how = compile_saved(fn, example_args, part, self._match_fields(), dynamic=dynamic)
         (self.startup.notes if notes is None else notes).append(f"{part} {how}")
         return compiled
+
+    def _match_fields(self) -> dict[str, str]:
+        """What a package or saved compile of this network must match (`aoti.package_fields`), computed once."""
+        if self._fields is None:
+            from livox_infer.detector.aoti import package_fields
+
+            self._fields = package_fields(self.cfg, self.weights_file, self.device, self._net_params["test_time_flip"],
+                                          self.precision)
+        return self._fields
 
     def _compile_refiner(self) -> None:
         """Stage 2's costly parts compiled too (on the CPU, where they are a third of a frame; issue 33). They
@@ -467,8 +472,10 @@ class DetectionPipeline:
         except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
             self._refiner_compile_failed(exc)
 
-    def _refiner_compile_failed(self, exc: Exception) -> None:
-        self._stage2.compiled_refiner = None
+    def _refiner_compile_failed(self, exc: Exception, running: bool = True) -> None:
+        """Stage 2 runs eagerly (``running``: the pipeline's compiled parts are dropped; else they were never used)."""
+        if running:
+            self._stage2.compiled_refiner = None
         log.warning("torch.compile of stage 2 failed, running it eagerly: %s: %s", type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "")
 
@@ -494,11 +501,7 @@ class DetectionPipeline:
                 compiled.features(*features_args)
                 compiled.refiner(*refiner_args)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: stage 2 runs eagerly
-            if notes is not None:  # in the background: the running stage 2 is eager already
-                log.warning("torch.compile of stage 2 failed, running it eagerly: %s: %s", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-                return False
-            self._refiner_compile_failed(exc)
+            self._refiner_compile_failed(exc, running=notes is None)  # in the background it is eager already
             return False
         return True
 
@@ -507,11 +510,7 @@ class DetectionPipeline:
         if not self._background_pending:
             return
         self._background_pending = False
-        if self._fields is None:  # what a saved compile must match, computed here: the thread only reads it
-            from livox_infer.detector.aoti import package_fields
-
-            self._fields = package_fields(self.cfg, self.weights_file, self.device, self._net_params["test_time_flip"],
-                                          self.precision)
+        self._match_fields()  # computed here, so the thread only reads it
         self._background = _BackgroundCompile(self._compile_detached)
 
     def _compile_detached(self, notes: list[str]) -> tuple[Any, Any]:

@@ -177,7 +177,8 @@ def main(args: argparse.Namespace) -> int:
             family = {"restart": "new", "warm": "cold"}.get(mode, mode)  # a second start reuses the first one's folder
             env = _env(root / family, own_manifest=not package)
             params = [f"aoti_package:={os.path.abspath(package)}"] if package else []
-            background = mode in ("cold", "warm") and not args.compile_first
+            # rows whose node switches networks after its first detection: the "compiled in use" column
+            timed_switch = mode == "new" or (mode in ("cold", "warm") and not args.compile_first)
             if mode in ("cold", "warm"):
                 params.append("build_package:=false")
                 if args.compile_first:
@@ -193,10 +194,9 @@ def main(args: argparse.Namespace) -> int:
             for run in range(1 if mode in ("new", "cold") else args.runs):
                 elapsed, switched, startup = time_one_start(args, env, f"{mode}{run}", cloud,
                                                             compile_=(mode != "eager"), params=params,
-                                                            wait_for_package=(mode == "new" or background))
+                                                            wait_for_package=timed_switch)
                 rows.append([mode, run + 1, f"{elapsed:.1f}" if elapsed is not None else "timeout",
-                             "" if not (mode == "new" or background) else f"{switched:.1f}" if switched is not None
-                             else "-", startup])
+                             "" if not timed_switch else f"{switched:.1f}" if switched is not None else "-", startup])
     finally:
         rclpy.try_shutdown()
         if scratch is not None:
