@@ -173,7 +173,8 @@ PARAMS: tuple[Param, ...] = (
     Param("tracking_confirm_hits", "int", TRACKER_DEFAULTS.confirm_hits, "Detections in a row before a track is "
           "confirmed (gets its id on ~/detections and is published).", range=(1, 20), applies=NODE),
     Param("tracking_max_misses", "int", TRACKER_DEFAULTS.max_misses, "Frames a confirmed track survives without a "
-          "detection (predicted; then it ends and its object would get a new id).", range=(0, 50), applies=NODE),
+          "detection (predicted; then it ends and its object would get a new id); twice that while it stands still "
+          "(docs/tracking.md).", range=(0, 50), applies=NODE),
     Param("tracking_confirm_score", "double", TRACKER_DEFAULTS.confirm_score, "A detection scoring at least this "
           "confirms its track at once (scores are calibrated: the share of such boxes that are right); the others "
           "wait for tracking_confirm_hits (1 = all of them).", range=(0.0, 1.0), applies=NODE),

@@ -165,10 +165,55 @@ def test_missed_detections_are_bridged_then_the_track_dies():
     out = _run(Tracker(TrackerConfig(max_misses=3, coast_frames=2)), frames)
     assert [len(out[k].track_ids) for k in (10, 11, 12)] == [1, 1, 0]
     assert out[11].boxes[0, 0] == pytest.approx(10 + 0.8 * 11, abs=0.3)
-    # five misses > max_misses: a new object (new id)
-    frames = [[(10.0, 3.0, 0.0, CAR)]] * 5 + [[]] * 5 + [[(10.0, 3.0, 0.0, CAR)]] * 3
+    # five misses > max_misses (3) for a moving car: a new object (new id)
+    frames = [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(5)] + [[]] * 5
+    frames += [[(10 + 0.8 * k, 3.0, 0.0, CAR)] for k in range(10, 13)]
     out = _run(Tracker(TrackerConfig(max_misses=3)), frames)
     assert int(out[-1].track_ids[0]) == 2
+
+
+def test_a_standing_track_survives_longer():
+    """A parked car hidden by passing traffic: a confirmed track standing still (three hits or more, slower than
+    STANDING_SPEED) survives STANDING_MISSES_FACTOR x max_misses misses (here 6), a moving one max_misses (3)."""
+    from livox_infer.tracking.tracker import STANDING_MISSES_FACTOR
+
+    assert STANDING_MISSES_FACTOR == 2.0
+    parked = [(10.0, 3.0, 0.0, CAR)]
+    out = _run(Tracker(TrackerConfig(max_misses=3)), [parked] * 5 + [[]] * 6 + [parked] * 3)
+    assert out[-1].track_ids.tolist() == [1] and out[-1].detection_track_ids.tolist() == [1]
+    out = _run(Tracker(TrackerConfig(max_misses=3)), [parked] * 5 + [[]] * 7 + [parked] * 3)
+    assert int(out[-1].track_ids[0]) == 2  # 7 misses > 6: a new object
+    # two hits say too little about standing still: max_misses
+    out = _run(Tracker(TrackerConfig(max_misses=3)), [parked] * 2 + [[]] * 4 + [parked] * 3)
+    assert int(out[-1].track_ids[0]) == 2
+
+
+def test_a_new_vehicle_track_moves_along_its_axis():
+    """A track with one hit has no velocity: its gate is widened by the class's top speed, but for a vehicle along
+    its box's axis only. A car 3 m across (the next lane) is not its object; 3 m ahead along the axis may be."""
+    cfg = TrackerConfig(confirm_score=0.7)
+    out = _run(Tracker(cfg), [[(50.0, 2.0, 0.0, CAR, 0.9)], [(50.5, 5.0, 0.0, CAR, 0.9)]])
+    assert out[1].detection_track_ids.tolist() == [2]  # across: a track of its own
+    out = _run(Tracker(cfg), [[(50.0, 2.0, 0.0, CAR, 0.9)], [(53.2, 2.4, 0.0, CAR, 0.9)]])
+    assert out[1].detection_track_ids.tolist() == [1]  # along (32 m/s): the same car
+    # the same box turned across the road: the first detection is along its axis now
+    out = _run(Tracker(cfg), [[(50.0, 2.0, math.pi / 2, CAR, 0.9)], [(50.5, 5.0, math.pi / 2, CAR, 0.9)]])
+    assert out[1].detection_track_ids.tolist() == [1]
+    # pedestrians have no axis of motion: within the widened gate (1.2 + 0.4 m) in any direction
+    out = _run(Tracker(cfg), [[(10.0, 0.0, 0.0, PED, 0.9)], [(10.0, 1.5, 0.0, PED, 0.9)]])
+    assert out[1].detection_track_ids.tolist() == [1]
+
+
+def test_a_low_scored_candidate_turns_a_velocity_less_than_a_detection():
+    """An off-centre box continues a track either way; scored below the threshold (a candidate) it counts with
+    CANDIDATE_NOISE_FACTOR x the measurement noise, so the track's velocity turns less."""
+    car = [[(10 + 1.0 * k, 0.0, 0.0, CAR)] for k in range(8)]
+    off = (18.0, 1.5, 0.0, CAR)  # frame 8, 1.5 m off the lane
+    as_detection = _run(Tracker(), car + [[off]])
+    as_candidate = _run(Tracker(), car + [[]], candidates=[[]] * 8 + [[off]])
+    v_det, v_cand = as_detection[8].velocities[0], as_candidate[8].velocities[0]
+    assert as_candidate[8].track_ids.tolist() == [1] and as_detection[8].track_ids.tolist() == [1]
+    assert v_det[1] > 0.8 and 0.0 < v_cand[1] < 0.5 * v_det[1], (v_det, v_cand)
 
 
 def test_clutter_does_not_steal_or_confirm():
@@ -245,3 +290,25 @@ def test_bad_input_is_counted_and_time_going_back_restarts():
     assert tracker.rejected_boxes == 2
     with pytest.raises(ValueError):
         tracker.update(boxes[:1], [CAR], [0.5], T0 + 4 * DT_NS, candidates=(boxes, [CAR], [0.2]))
+
+
+def test_two_objects_merged_into_one_box_keep_their_ids():
+    """A car passing a parked car: for four frames the detector gives one box between them, then the passing car
+    hides the parked one for three. The merged box lies about as near both established tracks, so it updates
+    neither (both coast, it starts no track); taken by one of them, the parked car's track was pulled onto the
+    passing car and the objects changed ids (seed 19 of the tracking eval: three switches in one pass)."""
+    parked = (20.0, 2.5, 0.0, CAR)
+    frames = []
+    for k in range(18):
+        mover = (30.0 - 0.8 * k, 0.0, 0.0, CAR)  # 8 m/s towards the parked car's row, 2.5 m across
+        if 7 <= k <= 10:  # merged: one box half way
+            frames.append([((mover[0] + parked[0]) / 2, 1.25, 0.4, CAR)])
+        elif 11 <= k <= 13:  # the parked car hidden behind the passing one
+            frames.append([mover])
+        else:
+            frames.append([parked, mover])
+    out = _run(Tracker(), frames)
+    ids_before = (_ids_of(out[6], *parked[:2]), _ids_of(out[6], 30.0 - 0.8 * 6, 0.0))
+    ids_after = (_ids_of(out[17], *parked[:2]), _ids_of(out[17], 30.0 - 0.8 * 17, 0.0))
+    assert all(ids_before) and ids_before == ids_after, (ids_before, ids_after)
+    assert {int(i) for f in out for i in f.track_ids} == set(ids_before)  # no third track

@@ -8,7 +8,9 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    acceleration, sigma per class) in the fixed frame when a pose is given, else in the cloud's frame;
 2. associate greedily by BEV centre distance, same class only, confirmed tracks with a velocity (two hits) before
    the others, nearest pairs first, within the class's gate (a track with one hit has no velocity yet: its gate
-   grows by the class's top speed times dt); then the confirmed tracks with a velocity still without a detection
+   grows by the class's top speed times dt, for a vehicle along its box's axis only); a detection about as near
+   another established track left without one is held back (two objects merged into one box: both coast); then
+   the confirmed tracks with a velocity still without a detection
    take the detections left over that lie within their predicted uncertainty (Mahalanobis, at most two gates away:
    a velocity from few hits, or an occlusion coasted through, put the prediction off by more than the gate);
 3. update the matched tracks (position by the filter; z, size and yaw smoothed; the yaw axis made to agree with
@@ -16,11 +18,12 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    detection, count a miss for every unmatched track; before that, the confirmed tracks still without a detection
    are associated the same way with the frame's *candidates* (boxes that scored below the detector's class
    threshold but at least the node's ``tracking_low_score``: ByteTrack's second association; a one-hit track
-   within the plain gate only), so a track goes on through a frame where its object scored low; a candidate never
-   starts a track;
+   within the plain gate only; with twice the measurement noise), so a track goes on through a frame where its
+   object scored low; a candidate never starts a track;
 4. a track is confirmed after ``confirm_hits`` hits, or at once by a detection scoring at least ``confirm_score``
    (calibrated scores: the share of such boxes that are right), and deleted after more than ``max_misses`` misses in
-   a row (a tentative track at its first miss).
+   a row (a tentative track at its first miss; a standing one, three hits or more and slower than 1 m/s, after
+   twice as many).
 
 Output: :class:`TrackFrame` with the track id of each detection (0 = none, or not confirmed yet) and the confirmed
 tracks detected in this frame or missed for at most ``coast_frames`` frames (then predicted), with box, velocity (m/s, in the cloud frame's axes: over ground when poses were given,
@@ -60,6 +63,25 @@ def default_gate(name: str) -> float:
 # the recovery association (`Tracker._recover`): chi-square 99 % of 2 degrees of freedom, and a cap in gates
 RECOVER_CHI2 = 9.21
 RECOVER_GATE_FACTOR = 2.0
+# a track with one hit (no velocity yet) of a class that moves along its box's axis may find its second detection
+# up to its top speed x dt away along that axis, but across it at most this many gates: a neighbour in the next
+# lane, 3 m across, is not its object (a 50 m car took its neighbour's box and a lateral 14 m/s velocity)
+FIRST_STEP_LATERAL_GATES = 0.6
+AXIAL_CLASSES = frozenset({"car", "cyclist", "truck", "bus"})
+# a candidate (scored below its class's threshold) places its object less surely: it updates a track with this
+# times the class's measurement noise (sigma), so one off-centre low box does not turn a track's velocity
+CANDIDATE_NOISE_FACTOR = 2.0
+# a confirmed track standing still (slower than STANDING_SPEED m/s) survives STANDING_MISSES_FACTOR x max_misses
+# misses: a parked car hidden for 1-1.6 s by passing traffic keeps its id, and its prediction does not drift away
+STANDING_SPEED = 1.0
+STANDING_MISSES_FACTOR = 2.0
+STANDING_MIN_HITS = 3  # a velocity from fewer hits says little
+# two objects seen as one box (a car passing a parked one, merged by the detector): an established track's detection
+# at least AMBIGUOUS_MIN_DIST m off it that lies less than AMBIGUOUS_RATIO times as far from another established track
+# left without a detection updates neither (both coast; it starts no track): taken by the nearer, it pulled the parked
+# car's track onto the passing car, three ID switches in one pass
+AMBIGUOUS_RATIO = 1.5
+AMBIGUOUS_MIN_DIST = 1.0
 HEADING_SPEED = 1.0  # m/s: above this the box's yaw axis is turned to point along the velocity
 SIZE_ALPHA = 0.3
 Z_ALPHA = 0.5
@@ -233,7 +255,9 @@ class Tracker:
             self._predict(t, dt)
 
         matches = self._associate(centres, labels, finite, dt)
-        matches += self._recover(centres, labels, finite, matches)
+        held = self._ambiguous(centres, matches)
+        matches = [m for m in matches if m not in held]
+        matches += self._recover(centres, labels, finite, matches + held)
         matched_tracks = {ti for ti, _ in matches}
         det_track = np.zeros(len(boxes), np.int64)
         det_track_obj: dict[int, _Track] = {}
@@ -245,20 +269,23 @@ class Tracker:
             c_centres, c_yaws = self._in_tracking_frame(c_boxes, pose)
             # a track with one hit takes a candidate only within the plain gate (not widened by the top speed: a
             # low-scored box of another object within the widened one gave it a false velocity)
-            open_tracks = [i for i, t in enumerate(self._tracks) if t.confirmed and i not in matched_tracks]
+            held_tracks = {ti for ti, _ in held}
+            open_tracks = [i for i, t in enumerate(self._tracks)
+                           if t.confirmed and i not in matched_tracks and i not in held_tracks]
             for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks, widen=False):
                 t = self._tracks[ti]
-                self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt)
+                self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt,
+                              CANDIDATE_NOISE_FACTOR)
                 matched_tracks.add(ti)
         survivors = []
         for i, t in enumerate(self._tracks):
             if i not in matched_tracks:
                 t.misses += 1
                 t.age += 1
-                if (not t.confirmed) or t.misses > self.config.max_misses:
+                if (not t.confirmed) or t.misses > self._max_misses(t):
                     continue
             survivors.append(t)
-        matched_dets = {di for _, di in matches}
+        matched_dets = {di for _, di in matches} | {di for _, di in held}
         for di in np.nonzero(finite)[0]:
             if int(di) in matched_dets:
                 continue
@@ -312,13 +339,43 @@ class Tracker:
         for ti in range(len(self._tracks)) if tracks is None else tracks:
             t = self._tracks[ti]
             gate, _, _, top_speed = self.config.model(t.name)
+            lateral = math.inf
             if t.hits == 1 and widen:  # no velocity yet
+                if t.name in AXIAL_CLASSES:
+                    lateral = FIRST_STEP_LATERAL_GATES * gate
                 gate += top_speed * dt
+            across = np.array([-math.sin(t.yaw), math.cos(t.yaw)])
             for di in np.nonzero(finite & (labels == t.label))[0]:
-                d = float(np.hypot(*(centres[di] - t.x[:2])))
-                if d <= gate:
+                r = centres[di] - t.x[:2]
+                d = float(np.hypot(*r))
+                if d <= gate and abs(float(r @ across)) <= lateral:
                     pairs.append((0 if t.confirmed and t.hits >= 2 else 1, d, ti, int(di)))
         return _greedy(pairs, set(), set())
+
+    def _ambiguous(self, centres: np.ndarray, matches: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Matches to hold back: an established track's detection that lies about as near another established
+        track left without a detection (two objects seen as one box, e.g. a car passing a parked one)."""
+        if AMBIGUOUS_RATIO <= 0:
+            return []
+        matched = {ti for ti, _ in matches}
+        est = [i for i, t in enumerate(self._tracks) if t.confirmed and t.hits >= 2]
+        held = []
+        for ti, di in matches:
+            t = self._tracks[ti]
+            if not (t.confirmed and t.hits >= 2):
+                continue
+            d = float(np.hypot(*(centres[di] - t.x[:2])))
+            if d < AMBIGUOUS_MIN_DIST:
+                continue
+            for tj in est:
+                if tj == ti or tj in matched or self._tracks[tj].label != t.label:
+                    continue
+                o = self._tracks[tj]
+                d2 = float(np.hypot(*(centres[di] - o.x[:2])))
+                if d2 <= self.config.model(o.name)[0] and d2 < AMBIGUOUS_RATIO * d:
+                    held.append((ti, di))
+                    break
+        return held
 
     def _recover(self, centres: np.ndarray, labels: np.ndarray, finite: np.ndarray,
                  matches: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -342,11 +399,18 @@ class Tracker:
                     pairs.append((m2, ti, int(di)))
         return _greedy(pairs, used_t, used_d)
 
-    def _correct(self, t: _Track, centre: np.ndarray, box: np.ndarray, yaw: float, score: float, dt: float) -> None:
+    def _max_misses(self, t: _Track) -> float:
+        """Misses in a row a confirmed track survives: longer while it stands still (STANDING_SPEED)."""
+        standing = t.hits >= STANDING_MIN_HITS and float(np.hypot(t.x[2], t.x[3])) < STANDING_SPEED
+        return self.config.max_misses * (STANDING_MISSES_FACTOR if standing else 1.0)
+
+    def _correct(self, t: _Track, centre: np.ndarray, box: np.ndarray, yaw: float, score: float, dt: float,
+                 noise_factor: float = 1.0) -> None:
+        """Kalman update with ``centre``; ``noise_factor`` scales the measurement sigma (candidates)."""
         _, _, meas, _ = self.config.model(t.name)
         H = np.zeros((2, 4))
         H[0, 0] = H[1, 1] = 1.0
-        R = np.eye(2) * meas ** 2
+        R = np.eye(2) * (meas * noise_factor) ** 2
         S = H @ t.P @ H.T + R
         K = t.P @ H.T @ np.linalg.inv(S)
         t.x = t.x + K @ (centre - H @ t.x)
