@@ -132,6 +132,11 @@ class _Track:
     age: int = 1
     confirmed: bool = False
 
+    @property
+    def established(self) -> bool:
+        """Confirmed, with a velocity (two hits or more)."""
+        return self.confirmed and self.hits >= 2
+
 
 @dataclass
 class TrackFrame:
@@ -344,25 +349,23 @@ class Tracker:
                 if t.name in AXIAL_CLASSES:
                     lateral = FIRST_STEP_LATERAL_GATES * gate
                 gate += top_speed * dt
-            across = np.array([-math.sin(t.yaw), math.cos(t.yaw)])
+            across = np.array([-math.sin(t.yaw), math.cos(t.yaw)]) if lateral < math.inf else None
             for di in np.nonzero(finite & (labels == t.label))[0]:
                 r = centres[di] - t.x[:2]
                 d = float(np.hypot(*r))
-                if d <= gate and abs(float(r @ across)) <= lateral:
-                    pairs.append((0 if t.confirmed and t.hits >= 2 else 1, d, ti, int(di)))
+                if d <= gate and (across is None or abs(float(r @ across)) <= lateral):
+                    pairs.append((0 if t.established else 1, d, ti, int(di)))
         return _greedy(pairs, set(), set())
 
     def _ambiguous(self, centres: np.ndarray, matches: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Matches to hold back: an established track's detection that lies about as near another established
         track left without a detection (two objects seen as one box, e.g. a car passing a parked one)."""
-        if AMBIGUOUS_RATIO <= 0:
-            return []
         matched = {ti for ti, _ in matches}
-        est = [i for i, t in enumerate(self._tracks) if t.confirmed and t.hits >= 2]
+        est = [i for i, t in enumerate(self._tracks) if t.established]
         held = []
         for ti, di in matches:
             t = self._tracks[ti]
-            if not (t.confirmed and t.hits >= 2):
+            if not t.established:
                 continue
             d = float(np.hypot(*(centres[di] - t.x[:2])))
             if d < AMBIGUOUS_MIN_DIST:
@@ -386,7 +389,7 @@ class Tracker:
         used_t, used_d = {ti for ti, _ in matches}, {di for _, di in matches}
         pairs = []
         for ti, t in enumerate(self._tracks):
-            if ti in used_t or not t.confirmed or t.hits < 2:
+            if ti in used_t or not t.established:
                 continue
             gate, _, meas, _ = self.config.model(t.name)
             s_inv = np.linalg.inv(t.P[:2, :2] + np.eye(2) * meas ** 2)
@@ -490,7 +493,7 @@ class Tracker:
         dt = (int(stamp_ns) - self._last_stamp) * 1e-9
         if dt < 0.0 or dt > self.config.max_gap_s:
             return empty
-        shown = [t for t in self._tracks if t.confirmed and t.hits >= 2]
+        shown = [t for t in self._tracks if t.established]
         boxes = np.zeros((len(shown), 7), np.float64)
         vel = np.zeros((len(shown), 2), np.float64)
         if pose is not None:
