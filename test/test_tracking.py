@@ -204,6 +204,35 @@ def test_a_new_vehicle_track_moves_along_its_axis():
     assert out[1].detection_track_ids.tolist() == [1]
 
 
+def test_a_new_vehicle_track_does_not_jump_to_the_next_parked_car():
+    """A vehicle's widened first gate is top speed x dt plus FIRST_STEP_SLACK_GATES gates (5 m for a car at 10 Hz),
+    not plus a whole gate (6 m): a parked car missed in its second frame leaves the next car in the row, 5.5 m
+    ahead, to a track of its own, and both keep their ids."""
+    a, b = (20.0, 3.0, 0.0, CAR, 0.8), (25.5, 3.0, 0.0, CAR, 0.8)
+    out = _run(Tracker(), [[a], [b]] + [[a, b]] * 6)
+    assert [f.detection_track_ids.tolist() for f in out] == [[1], [2]] + [[1, 2]] * 6
+    assert np.abs(out[-1].velocities).max() < 0.5
+
+
+def test_a_moving_sensor_trusts_boxes_less_along_its_motion():
+    """A raw cloud's box is where its object was at its shot time, anywhere in the frame: with the sensor moving,
+    the box's measurement noise grows along the sensor's motion over a frame (SHOT_SPREAD of it), not across it.
+    The same parked car, the same world positions: standing, the track's covariance is round; driving +x at 15 m/s,
+    its position and velocity are less certain along x, as certain across."""
+    def track_cov(speed):
+        poses = []
+        for k in range(6):
+            pose = np.eye(4)
+            pose[0, 3] = speed * 0.1 * k
+            poses.append(pose)
+        frames = [[(30.0 - p[0, 3], 2.0, 0.0, CAR)] for p in poses]
+        return _run(Tracker(), frames, poses)[-1].covariances[0]
+
+    still, moving = track_cov(0.0), track_cov(15.0)
+    assert moving[0, 0] > 1.5 * still[0, 0] and moving[2, 2] > 1.5 * still[2, 2], (still, moving)
+    assert np.isclose(moving[1, 1], still[1, 1]) and np.isclose(moving[3, 3], still[3, 3])
+
+
 def test_a_low_scored_candidate_turns_a_velocity_less_than_a_detection():
     """An off-centre box continues a track either way; scored below the threshold (a candidate) it counts with
     CANDIDATE_NOISE_FACTOR x the measurement noise, so the track's velocity turns less."""

@@ -8,7 +8,8 @@ frame, their class labels and scores, the cloud's stamp and, where known, the cl
    acceleration, sigma per class) in the fixed frame when a pose is given, else in the cloud's frame;
 2. associate greedily by BEV centre distance, same class only, confirmed tracks with a velocity (two hits) before
    the others, nearest pairs first, within the class's gate (a track with one hit has no velocity yet: its gate
-   grows by the class's top speed times dt, for a vehicle along its box's axis only); a detection about as near
+   grows by the class's top speed times dt, for a vehicle along its box's axis only and with 0.6 gates of slack);
+   a detection about as near
    another established track left without one is held back (two objects merged into one box: both coast); then
    the confirmed tracks with a velocity still without a detection
    take the detections left over that lie within their predicted uncertainty (Mahalanobis, at most two gates away:
@@ -68,6 +69,10 @@ RECOVER_GATE_FACTOR = 2.0
 # lane, 3 m across, is not its object (a 50 m car took its neighbour's box and a lateral 14 m/s velocity)
 FIRST_STEP_LATERAL_GATES = 0.6
 AXIAL_CLASSES = frozenset({"car", "cyclist", "truck", "bus"})
+# and a vehicle's first step reaches top speed x dt plus this many gates (two boxes' centre error), not plus a whole
+# gate: a parked car's one-hit track took the box of the next parked car in the row, 5.6 m ahead (56 m/s)
+FIRST_STEP_SLACK_GATES = 0.6
+VEHICLE_CLASSES = frozenset({"car", "truck", "bus"})
 # a candidate (scored below its class's threshold) places its object less surely: it updates a track with this
 # times the class's measurement noise (sigma), so one off-centre low box does not turn a track's velocity
 CANDIDATE_NOISE_FACTOR = 2.0
@@ -82,6 +87,13 @@ STANDING_MIN_HITS = 3  # a velocity from fewer hits says little
 # car's track onto the passing car, three ID switches in one pass
 AMBIGUOUS_RATIO = 1.5
 AMBIGUOUS_MIN_DIST = 1.0
+# A raw (not motion-compensated) cloud places each box where its object was seen from the sensor at its own shot
+# time, somewhere in the time the cloud covers, while the pose is the cloud stamp's: with the sensor moving, the box
+# lands off in the fixed frame by up to the sensor's motion over a frame. Its measurement noise gets, along that
+# motion (at the box, so a turn counts too), SHOT_SPREAD x the motion as a standard deviation (half the motion: a
+# shot time at either end of the frame): at 12.5 m/s boxes land 0-1.25 m off, and without it the filter trusted a
+# velocity from three such boxes so much that its oncoming car, back 3.4 m off the prediction after one miss, was lost
+SHOT_SPREAD = 0.5
 HEADING_SPEED = 1.0  # m/s: above this the box's yaw axis is turned to point along the velocity
 SIZE_ALPHA = 0.3
 Z_ALPHA = 0.5
@@ -198,6 +210,7 @@ class Tracker:
         self._next_id = 1
         self._last_stamp: int | None = None
         self._last_pose_given: bool | None = None
+        self._last_pose: np.ndarray | None = None
         self.resets = 0
         self.rejected_boxes = 0
         self.frames = 0
@@ -208,6 +221,7 @@ class Tracker:
         self._tracks = []
         self._last_stamp = None
         self._last_pose_given = None
+        self._last_pose = None
 
     @property
     def active_tracks(self) -> int:
@@ -250,11 +264,20 @@ class Tracker:
                 self.resets += 1
                 self._tracks = []
                 dt = 0.0
+        # the sensor's motion over the last frame (cloud frame at this stamp -> at the last), for the shot spread
+        motion = None
+        if pose_given and dt > 0.0 and self._last_pose is not None:
+            last = self._last_pose  # rigid: its inverse is [R^T, -R^T t] (never a singular solve on a bad pose)
+            motion = np.eye(4)
+            motion[:3, :3] = last[:3, :3].T @ pose[:3, :3]
+            motion[:3, 3] = last[:3, :3].T @ (pose[:3, 3] - last[:3, 3])
         self._last_stamp = stamp_ns
         self._last_pose_given = pose_given
+        self._last_pose = pose if pose_given else None
 
         # detections into the tracking frame (the fixed frame of the poses, else the cloud's own)
         centres, yaws = self._in_tracking_frame(boxes, pose)
+        spread = self._shot_spread(boxes, pose, motion)
 
         for t in self._tracks:
             self._predict(t, dt)
@@ -268,10 +291,11 @@ class Tracker:
         det_track_obj: dict[int, _Track] = {}
         for ti, di in matches:
             t = self._tracks[ti]
-            self._correct(t, centres[di], boxes[di], yaws[di], float(scores[di]), dt)
+            self._correct(t, centres[di], boxes[di], yaws[di], float(scores[di]), dt, spread=spread[di])
             det_track_obj[di] = t
         if candidates is not None and len(c_boxes):  # second association: confirmed tracks left over, candidates
             c_centres, c_yaws = self._in_tracking_frame(c_boxes, pose)
+            c_spread = self._shot_spread(c_boxes, pose, motion)
             # a track with one hit takes a candidate only within the plain gate (not widened by the top speed: a
             # low-scored box of another object within the widened one gave it a false velocity)
             held_tracks = {ti for ti, _ in held}
@@ -280,7 +304,7 @@ class Tracker:
             for ti, ci in self._associate(c_centres, c_labels, c_finite, dt, open_tracks, widen=False):
                 t = self._tracks[ti]
                 self._correct(t, c_centres[ci], c_boxes[ci], c_yaws[ci], float(c_scores[ci]), dt,
-                              CANDIDATE_NOISE_FACTOR)
+                              CANDIDATE_NOISE_FACTOR, c_spread[ci])
                 matched_tracks.add(ti)
         survivors = []
         for i, t in enumerate(self._tracks):
@@ -323,6 +347,17 @@ class Tracker:
             yaws = yaws + math.atan2(pose[1, 0], pose[0, 0])
         return centres, yaws
 
+    @staticmethod
+    def _shot_spread(boxes: np.ndarray, pose: np.ndarray | None, motion: np.ndarray | None) -> np.ndarray:
+        """(M, 2) per box, in the tracking frame: SHOT_SPREAD x how far the sensor's motion over the last frame
+        (``motion``: this cloud's frame in the last one's) moves the box's centre; zeros without that motion."""
+        out = np.zeros((len(boxes), 2))
+        if motion is None or not len(boxes):
+            return out
+        c = np.c_[boxes[:, :3], np.ones(len(boxes))]
+        moved = c @ motion.T - c  # the centre seen one frame's motion later, in the cloud's own axes
+        return SHOT_SPREAD * (moved[:, :2] @ pose[:2, :2].T)
+
     def _predict(self, t: _Track, dt: float) -> None:
         if dt <= 0.0:
             return
@@ -348,6 +383,8 @@ class Tracker:
             if t.hits == 1 and widen:  # no velocity yet
                 if t.name in AXIAL_CLASSES:
                     lateral = FIRST_STEP_LATERAL_GATES * gate
+                if t.name in VEHICLE_CLASSES:
+                    gate *= FIRST_STEP_SLACK_GATES
                 gate += top_speed * dt
             across = np.array([-math.sin(t.yaw), math.cos(t.yaw)]) if lateral < math.inf else None
             for di in np.nonzero(finite & (labels == t.label))[0]:
@@ -408,12 +445,15 @@ class Tracker:
         return self.config.max_misses * (STANDING_MISSES_FACTOR if standing else 1.0)
 
     def _correct(self, t: _Track, centre: np.ndarray, box: np.ndarray, yaw: float, score: float, dt: float,
-                 noise_factor: float = 1.0) -> None:
-        """Kalman update with ``centre``; ``noise_factor`` scales the measurement sigma (candidates)."""
+                 noise_factor: float = 1.0, spread: np.ndarray | None = None) -> None:
+        """Kalman update with ``centre``; ``noise_factor`` scales the measurement sigma (candidates); ``spread``
+        (2,): a standard deviation along its direction on top (`_shot_spread`)."""
         _, _, meas, _ = self.config.model(t.name)
         H = np.zeros((2, 4))
         H[0, 0] = H[1, 1] = 1.0
         R = np.eye(2) * (meas * noise_factor) ** 2
+        if spread is not None:
+            R = R + np.outer(spread, spread)
         S = H @ t.P @ H.T + R
         K = t.P @ H.T @ np.linalg.inv(S)
         t.x = t.x + K @ (centre - H @ t.x)
