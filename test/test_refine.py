@@ -445,6 +445,39 @@ def test_train_refine_stage_errors(trained_detector, which, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_refine_batch_loss_restricted_to_some_classes(monkeypatch):
+    """--refine-classes: only those classes' candidates reach the loss, the first refine.rois of them per frame
+    (as inference picks refine.classes); none of them in a batch gives a zero loss that still back-propagates."""
+    cfg = ModelConfig.from_dict(_cfg_dict({"rois": 4, "points": 16, "point_channels": [8, 16], "hidden": [16]}))
+    torch.manual_seed(0)
+    net = build_model(cfg).eval()
+    net.refiner.train()
+    bev = torch.rand(2, *cfg.grid.shape)
+    scene = [(_points(seed=k), BOXES[:2], torch.tensor([0, 3])) for k in range(2)]
+    seen = []
+    real_loss = train_mod.refine_loss
+    monkeypatch.setattr(train_mod, "refine_loss", lambda *a, **kw: seen.append(a[3]) or real_loss(*a, **kw))
+    with torch.no_grad():
+        _, labels, _ = train_mod.topk_decode(net(bev), cfg, max(cfg.top_k, cfg.refine.rois))
+    loss, _ = train_mod.refine_batch_loss(net, bev, scene, cfg, passes=1)
+    assert seen[-1].tolist() == labels[:, :4].reshape(-1).tolist()  # default: every class, the first rois
+    truck, bus = cfg.classes.index("truck"), cfg.classes.index("bus")
+    want = [[x for x in frame if x in (truck, bus)][:4] for frame in labels.tolist()]
+    assert all(want)  # (random weights: candidates of every class among the top k)
+    loss, _ = train_mod.refine_batch_loss(net, bev, scene, cfg, passes=2, classes=("truck", "bus"))
+    assert seen[-1].tolist() == [x for w in want for x in w + w] and torch.isfinite(loss)  # each frame, two passes
+    stub = torch.zeros(2, 64, dtype=torch.long)
+    stub[1, 1::2] = bus  # frame 0: cars only; frame 1: every other candidate a bus
+    monkeypatch.setattr(train_mod, "topk_decode", lambda heads, c, k: (torch.rand(2, k), stub[:, :k],
+                                                                        BOXES[:1].expand(2, k, 7).clone()))
+    loss, _ = train_mod.refine_batch_loss(net, bev, scene, cfg, passes=2, classes=("bus",))  # frame 0 adds nothing
+    assert seen[-1].tolist() == [bus] * 8 and torch.isfinite(loss)
+    seen.clear()
+    loss, parts = train_mod.refine_batch_loss(net, bev, scene, cfg, passes=2, classes=("pedestrian",))
+    assert not seen and float(loss.detach()) == 0.0 and parts == {"refine_iou": 0.0, "refine_box": 0.0}
+    loss.backward()  # a batch without such candidates must not break the training step
+
+
 def test_hostile_intensity_and_residuals_stay_bounded():
     """One point with a huge intensity must not carry a refined box (and the maps sized from boxes) away."""
     import math

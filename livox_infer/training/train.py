@@ -473,12 +473,17 @@ def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch
 
 
 def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
-                      amp_dtype: torch.dtype | None = None, box_beta: float = 0.02, passes: int = 1):
+                      amp_dtype: torch.dtype | None = None, box_beta: float = 0.02, passes: int = 1,
+                      classes: tuple[str, ...] | None = None):
     """Stage-2 training loss of a batch: the frozen detector (eval mode, no gradients) proposes its first
     ``refine.rois`` candidates per frame, the refiner (training mode) scores and refines them against the
     frame's ground truth (`refine.refine_loss`). ``passes`` > 1 also trains on the boxes that the current
-    refiner (eval mode, no gradients) makes of them, as inference's later passes see them."""
+    refiner (eval mode, no gradients) makes of them, as inference's later passes see them. ``classes``: only
+    candidates of these classes (None: all), the first ``refine.rois`` of them per frame."""
     rc = cfg.refine
+    # a refiner for some classes only (`refine.classes` at inference) sees only their candidates there: training it
+    # on the others' would spend its capacity (and its BatchNorm statistics) on boxes it never gets
+    keep = None if classes is None else torch.tensor([c in classes for c in cfg.classes], device=bev.device)
     with torch.no_grad():
         bev = bev.contiguous(memory_format=torch.channels_last)
         with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
@@ -486,7 +491,13 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
         scores, labels, boxes = topk_decode({k: v.float() for k, v in heads.items()}, cfg, max(cfg.top_k, rc.rois))
     parts = {name: [] for name in ("feats", "valid", "context", "iou", "matched", "labels", "boxes")}
     for b, (points, gt_boxes, gt_labels) in enumerate(scene):
-        sc, lab, bx = scores[b, : rc.rois], labels[b, : rc.rois], boxes[b, : rc.rois]
+        sc, lab, bx = scores[b], labels[b], boxes[b]
+        if keep is not None:  # as `refine_candidates` picks a config's refine.classes: filtered, then the first rois
+            own = keep[lab]
+            if not bool(own.any()):  # none of them in this frame (the refiner cannot run on zero RoIs)
+                continue
+            sc, lab, bx = sc[own], lab[own], bx[own]
+        sc, lab, bx = sc[: rc.rois], lab[: rc.rois], bx[: rc.rois]
         points, gt_boxes, gt_labels = points.to(bev.device), gt_boxes.to(bev.device), gt_labels.to(bev.device)
         hits = first_hit_map(points) if rc.visibility else None
         for k in range(passes):
@@ -501,6 +512,8 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
             iou, matched = match_candidates(bx, lab, gt_boxes, gt_labels)
             for name, t in zip(parts, (feats, valid, context, iou, matched, lab, bx)):
                 parts[name].append(t)
+    if not parts["labels"]:  # no candidate of ``classes`` in the batch: nothing to learn (a loss of none is nan)
+        return sum(p.sum() for p in net.refiner.parameters()) * 0.0, {"refine_iou": 0.0, "refine_box": 0.0}
     cat = {k: torch.cat(v) for k, v in parts.items()}
     iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
     return refine_loss(iou_logit, residual, cat["boxes"], cat["labels"], cat["iou"], cat["matched"], cfg.classes,
@@ -551,6 +564,7 @@ class TrainOptions:
     stage: str = "detector"
     refine_box_beta: float = 0.02
     refine_train_passes: int | None = None
+    refine_classes: tuple[str, ...] | None = None  # --stage refine: train on these classes' candidates only (None: all)
     data_only: bool = False
     sim_options: dict[str, Any] = field(default_factory=dict)
     sensors: tuple[str, ...] = SENSOR_NAMES
@@ -681,6 +695,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine-train-passes", type=int, default=None, choices=(1, 2, 3, 4),
                    help="--stage refine: also train on the refiner's own refined boxes, as inference's later "
                         "passes see them (default: the config's refine.passes)")
+    p.add_argument("--refine-classes", default=None, metavar="C[,C]",
+                   help="--stage refine: only candidates of these classes enter the loss, the first refine.rois of "
+                        "them per frame, as inference picks a config's refine.classes (default: all classes)")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -746,7 +763,10 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         val_frames=args.val_frames, steps=args.steps, batch=args.batch, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, val_every=args.val_every, threads=args.threads, workers=args.workers, device=args.device,
         precision=args.precision, resume=args.resume, init=args.init, stage=args.stage,
-        refine_box_beta=args.refine_box_beta, refine_train_passes=args.refine_train_passes, data_only=args.data_only,
+        refine_box_beta=args.refine_box_beta, refine_train_passes=args.refine_train_passes,
+        refine_classes=None if args.refine_classes is None else
+        tuple(x.strip() for x in str(args.refine_classes).split(",") if x.strip()),
+        data_only=args.data_only,
         sim_options=parse_sim_options(args.sim_option),
         sensors=tuple(x.strip() for x in str(args.sensors).split(",") if x.strip()),
         paste_probability=args.paste_probability, neighbour_weight=args.neighbour_weight,
@@ -890,6 +910,9 @@ def train(opts: TrainOptions) -> TrainResult:
             raise ConfigError(f"--stage refine needs a model config with a refine section ({cfg.source or cfg.name} has none)")
         if not opts.init and not (opts.resume and (work / "checkpoint.safetensors").is_file()):
             raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
+        if opts.refine_classes is not None and (not opts.refine_classes or set(opts.refine_classes) - set(cfg.classes)):
+            raise ConfigError(f"--refine-classes must name some of the model's classes {list(cfg.classes)}, "
+                              f"got {list(opts.refine_classes)}")
         net.requires_grad_(False)
         net.refiner.requires_grad_(True)
     elif cfg.refine is not None:
@@ -955,7 +978,7 @@ def train(opts: TrainOptions) -> TrainResult:
             tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
             if refining:
                 loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
-                                                 opts.refine_train_passes or cfg.refine.passes)
+                                                 opts.refine_train_passes or cfg.refine.passes, opts.refine_classes)
             else:
                 loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
             opt.zero_grad(set_to_none=True)
