@@ -130,11 +130,13 @@ def test_detector_page_facts_about_the_shipped_weights():
     path = REPO / "models/lite.safetensors"
     tensors = load_file(str(path))
     learned = {k: v for k, v in tensors.items() if "running_" not in k and "num_batches" not in k}
-    stage1 = sum(v.numel() for k, v in learned.items() if not k.startswith("refiner."))
+    stage1 = sum(v.numel() for k, v in learned.items() if not k.startswith(("refiner.", "refiner_large.")))
     stage2 = sum(v.numel() for k, v in learned.items() if k.startswith("refiner."))
+    large = sum(v.numel() for k, v in learned.items() if k.startswith("refiner_large."))
     rows = {c[0]: c[1:] for c in _table_rows((REPO / "docs/detector.md").read_text(), "| | lite")}
-    m, k = _numbers(rows["parameters"][0])[:2]
-    assert round(stage1 / 1e6, 2) == m and round(stage2 / 1e3) == k, (stage1, stage2)
+    m, k, k_large = _numbers(rows["parameters"][0])[:3]
+    assert round(stage1 / 1e6, 2) == m and round(stage2 / 1e3) == k and round(large / 1e3) == k_large, \
+        (stage1, stage2, large)
     from livox_infer.detector.config import ModelConfig
     from livox_infer.detector.network import build_model
 

@@ -48,8 +48,8 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage13-stacked2", "stage15-trucks", "stage15-trucks2"] and \
-        len(names) == 20
+    assert names[0] == "stage1" and names[-3:] == ["stage15-trucks", "stage15-trucks2", "stage17-large-refiner"] and \
+        len(names) == 21
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -133,6 +133,7 @@ STAGE12_DATA = {  # the commands that made stage 12's (and 13's) shards (2026-12
     "M1": "--train-frames 900 --val-frames 100 --seed 404 --stack 2,4",
     "M2": "--train-frames 900 --val-frames 100 --seed 405 --stack 2,4",
     "T2": "--train-frames 1000 --val-frames 100 --seed 407 --sim-option large_vehicles=3",  # stage 15 (2026-12-06)
+    "T3": "--train-frames 1000 --val-frames 0 --seed 408 --sim-option large_vehicles=3",  # stage 16 / 17 (2026-12-06)
 }
 
 
@@ -240,7 +241,7 @@ def test_stage13_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
     ours = _check_real_fold_stage(stage, STAGE13_TRAIN, tmp_path, unrecorded=("select", "stop_after"))
     cfg = ours.model_config()
     assert cfg.grid.age_channel_s == 0.5 and not cfg.use_intensity and cfg.classes == ModelConfig.load("lite").classes
-    assert cfg.architecture_hash() == ModelConfig.load("lite").architecture_hash()  # the shipped network
+    assert cfg.architecture_hash() == _without_second_refiner()  # the shipped network before stage 17
     assert load_recipe(RECIPE).stage("stage13-stacked2").stop_after == 1000
 
 
@@ -248,7 +249,27 @@ def test_stage13_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
 def test_stage15_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
     ours = _check_real_fold_stage(stage, STAGE15_TRAIN, tmp_path)
     cfg = ours.model_config()
-    assert cfg.architecture_hash() == ModelConfig.load("lite").architecture_hash()  # the shipped network
+    assert cfg.architecture_hash() == _without_second_refiner()  # the shipped network before stage 17
+
+
+def _without_second_refiner():
+    from dataclasses import replace
+
+    return replace(ModelConfig.load("lite"), refine_large=None).architecture_hash()
+
+
+# stage 17 (2026-12-06): the second refiner's run, from the stage-15 weights (--model: models/lite.yaml)
+STAGE17_TRAIN = ("--stage refine-large --refine-train-passes 2 --train-frames 3400 --val-frames 100 --steps 800 "
+                 "--val-every 400 --lr 4e-4 --seed 731 --fov-crop 0.3")
+
+
+def test_stage17_is_the_command_that_made_the_shipped_weights(tmp_path):
+    r = load_recipe(RECIPE)
+    stage = r.stage("stage17-large-refiner")
+    ours = recipe_mod.stage_options(r, stage, tmp_path, None, Runtime())
+    assert _recipe_fields(ours) == _recipe_fields(_cli_options(STAGE17_TRAIN))
+    assert stage.init == "stage15-trucks2" and [p.dataset for p in stage.train] == ["T1", "T2", "T3", "M1"]
+    assert ours.model_config().architecture_hash() == ModelConfig.load("lite").architecture_hash()
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE12_TRAIN))
@@ -258,14 +279,15 @@ def test_stage12_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
-    """models/lite.safetensors holds the last (stage-12) run's own arguments: the recipe's last stage must match them."""
+    """models/lite.safetensors holds the last (stage-17) run's own arguments: the recipe's last stage must match them;
+    its detector was trained on both folds of the real scans (stage 15), and the file says so."""
     r = load_recipe(RECIPE)
     shipped = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
     last = r.stages[-1]
     ours = json.loads(recipe_mod.stage_options(r, last, Path("/x"), None, Runtime()).to_json())
-    assert shipped["stage"] == ours["stage"] == "detector"
-    assert shipped["real"]["sources"] == list(ours["real"]["sources"]) == ["kitti", "av2"]
-    assert shipped["real"]["share"] == ours["real"]["share"] and shipped["fov_crop"] == ours["fov_crop"]
+    assert shipped["stage"] == ours["stage"] == "refine-large"
+    assert shipped["real"] is None and ours["real"] is None and shipped["fov_crop"] == ours["fov_crop"]
+    assert _meta(share_dir() / "models" / "lite.safetensors")["real_sources"] == "av2,kitti"
     for key in ("seed", "lr", "batch", "val_every", "train_frames", "val_frames", "weight_decay", "paste_probability",
                 "neighbour_weight", "corner_weight", "refine_box_beta", "refine_train_passes", "precision"):
         assert shipped[key] == ours[key], key
@@ -360,14 +382,15 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     assert final == tmp_path / "lite.safetensors"
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
         "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage15-trucks",
-        "stage15-trucks2", "stage9", "stage9-refine"]
+        "stage15-trucks2", "stage17-large-refiner", "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
     assert args["init"] == str(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine"))) and args["stage"] == "refine"
     # stages 12-13 trained on the real scans of both folds, and the weights say so (eval --cross-validate reads it)
-    assert _meta(final)["real_sources"] == "av2,kitti"
-    assert json.loads(_meta(final)["train_args"])["real"]["sources"] == ["kitti", "av2"]
+    assert _meta(final)["real_sources"] == "av2,kitti"  # stage 17 (no real scans) keeps what its init saw
+    stage15 = recipe_mod.stage_weights(tmp_path, recipe.stage("stage15-trucks2"))
+    assert json.loads(_meta(stage15)["train_args"])["real"]["sources"] == ["kitti", "av2"]
 
 
 # the commits that shipped each stage's weights; every weights file records the arguments of the run that made it

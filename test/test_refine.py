@@ -26,12 +26,20 @@ from livox_infer.detector.weights import warm_start
 torch.set_num_threads(1)
 
 
-def _cfg_dict(refine=None):
+def _cfg_dict(refine=None, large=None):
     d = tiny_model_dict()
     d.pop("refine", None)
+    d.pop("refine_large", None)
     if refine is not None:
         d["refine"] = refine
+    if large is not None:
+        d["refine_large"] = large
     return d
+
+
+SMALL = {"rois": 4, "points": 16, "point_channels": [8], "hidden": [8]}
+THREE = {**SMALL, "classes": ["car", "pedestrian", "cyclist"]}
+TWO = {**SMALL, "classes": ["truck", "bus"]}
 
 
 def _points(n=3000, seed=0):
@@ -279,6 +287,54 @@ def test_refine_config_section():
             ModelConfig.from_dict(_cfg_dict(bad), source="t")
 
 
+def test_refine_large_config_section():
+    """refine_large: a second refiner with weights of its own, for classes listed there and left alone by refine."""
+    cfg = ModelConfig.from_dict(_cfg_dict(THREE, TWO), source="t")
+    assert cfg.refine_large.refined == (False, False, False, True, True)
+    assert cfg.architecture()["refine_large"] == cfg.architecture()["refine"]
+    assert cfg.architecture_hash() != ModelConfig.from_dict(_cfg_dict(THREE), source="t").architecture_hash()
+    assert ModelConfig.from_dict(cfg.to_dict(), source="t") == cfg
+    for refine, large in ((THREE, SMALL), ({**THREE, "classes": ["car", "truck"]}, TWO), (SMALL, TWO), (None, TWO)):
+        with pytest.raises(ConfigError, match="refine_large"):  # no classes, overlapping classes, no refine
+            ModelConfig.from_dict(_cfg_dict(refine, large), source="t")
+
+
+def test_refine_large_refines_its_classes_only():
+    """Stage 2 with both refiners: cars, pedestrians and cyclists come out as with the first refiner alone; trucks and
+    buses are re-scored and refined by the second."""
+    torch.manual_seed(0)
+    one = build_model(ModelConfig.from_dict(_cfg_dict(THREE), source="t")).eval()
+    two = build_model(ModelConfig.from_dict(_cfg_dict(THREE, TWO), source="t")).eval()
+    two.load_state_dict({**two.state_dict(), **one.state_dict()})
+    with torch.no_grad():
+        two.refiner_large.residual.bias.fill_(0.1)
+    boxes = torch.cat([BOXES[:2], BOXES[:2]])
+    scores, labels = torch.tensor([0.9, 0.8, 0.7, 0.6]), torch.tensor([0, 3, 1, 4])
+    s1, l1, b1 = one.refine(_points(), scores, labels, boxes, 255.0)
+    s2, l2, b2 = two.refine(_points(), scores, labels, boxes, 255.0)
+    first = {int(l): (float(s), b) for s, l, b in zip(s1, l1, b1)}
+    second = {int(l): (float(s), b) for s, l, b in zip(s2, l2, b2)}
+    assert sorted(second) == [0, 1, 3, 4]
+    for c in (0, 1):
+        assert second[c][0] == pytest.approx(first[c][0]) and torch.equal(second[c][1], first[c][1])
+    for c in (3, 4):  # stage 1's without the second refiner (refine.classes), its own with it
+        assert torch.equal(first[c][1], boxes[labels.tolist().index(c)])
+        assert not torch.equal(second[c][1], first[c][1]) and second[c][0] != pytest.approx(first[c][0])
+
+
+def test_warm_start_begins_a_second_refiner_as_a_copy_of_the_first(tmp_path):
+    """Weights without refine_large initialise a model with it: its refiner starts as a copy of the file's."""
+    one_cfg = ModelConfig.from_dict(_cfg_dict(THREE), source="t")
+    torch.manual_seed(1)
+    one = build_model(one_cfg)
+    save_weights(one, one_cfg, tmp_path / "one.safetensors")
+    two = build_model(ModelConfig.from_dict(_cfg_dict(THREE, TWO), source="t"))
+    grown = warm_start(two, two.cfg, tmp_path / "one.safetensors")
+    assert grown and all(k.startswith("refiner_large.") for k in grown)
+    for k, v in one.refiner.state_dict().items():
+        assert torch.equal(two.refiner_large.state_dict()[k], v) and torch.equal(two.refiner.state_dict()[k], v)
+
+
 def _reference_first_hits(points, n_bins):
     """Point by point in plain Python: nearest obstacle-height return and any return per azimuth bin."""
     first, seen = [math.inf] * n_bins, [False] * n_bins
@@ -433,6 +489,24 @@ def test_train_refine_stage_trains_only_the_refiner(trained_detector):
     pipe.update(refine=False)
     alone = pipe.detect(pts)
     assert alone.timings_ms["refine"] < 0.1 and len(alone) > len(with_stage2)  # nothing ran: no cap of 8 either
+
+
+@pytest.mark.slow  # shares the trained-detector fixture above; two tiny refiner runs
+def test_train_refine_large_stage_trains_only_the_second_refiner(trained_detector):
+    root, _, _ = trained_detector
+    cfg_path = root / "large.yaml"
+    cfg_path.write_text(yaml.safe_dump(_cfg_dict({**THREE, "rois": 8}, {**TWO, "rois": 8})))
+    first, second = root / "first.safetensors", root / "second.safetensors"
+    common = ("--steps", "4", "--val-every", "4", "--lr", "1e-2")
+    assert train_mod.main(_args(root / "a", cfg_path, "--stage", "refine", "--init", str(root / "det.safetensors"),
+                                "--out", str(first), *common)) == 0
+    assert train_mod.main(_args(root / "b", cfg_path, "--stage", "refine-large", "--init", str(first),
+                                "--out", str(second), *common)) == 0
+    a, _ = _tensors(first)
+    b, meta = _tensors(second)
+    assert '"stage": "refine-large"' in meta["train_args"] and set(a) == set(b)
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.startswith("refiner_large."))  # detector, first refiner
+    assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith("refiner_large.") and k.endswith("weight"))
 
 
 @pytest.mark.parametrize("which, message", [("plain", "refine section"), ("refine", "--init")])

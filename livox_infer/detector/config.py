@@ -91,6 +91,9 @@ class ModelConfig:
     # found objects the well-localised boxes rank first (AP at strict IoU rewards that ordering)
     iou_score_alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
     refine: RefineConfig | None = None  # stage 2: point-based refinement of the best candidates (refine.py)
+    # a second stage-2 refiner with weights of its own for the classes it lists (trucks and buses: a refiner trained
+    # beside the cars' lost the cars); its classes must be ones `refine` leaves alone
+    refine_large: RefineConfig | None = None
     # per class [[raw, calibrated], ...] knots or None (detector/calibration.py); not part of the architecture
     score_calibration: tuple | None = None
     # false: the pipeline zeroes every point's intensity before voxelizing and refining. Intensity scales and
@@ -162,6 +165,7 @@ class ModelConfig:
             **({"head_residual_blocks": self.head_residual_blocks} if self.head_residual_blocks else {}),
             **({"iou_head": True} if self.iou_head else {}),
             **({"refine": self.refine.architecture()} if self.refine else {}),
+            **({"refine_large": self.refine_large.architecture()} if self.refine_large else {}),
         }
 
     def architecture_hash(self) -> str:
@@ -176,7 +180,7 @@ class ModelConfig:
         d = dict(data)
         known = {
             "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
-            "description", "refine", "use_intensity", "score_calibration",
+            "description", "refine", "refine_large", "use_intensity", "score_calibration",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -245,6 +249,14 @@ class ModelConfig:
         overlap = float(hd.get("gaussian_overlap", 0.1))
         if not 0 < overlap < 1:
             raise ConfigError(f"head.gaussian_overlap must be in (0, 1), got {overlap}")
+        refine = parse_refine(d.get("refine"), classes, source, _per_class, _positive_ints)
+        refine_large = parse_refine(d.get("refine_large"), classes, source, _per_class, _positive_ints)
+        if refine_large is not None:
+            own = [c for c, r in zip(classes, refine_large.refined) if r]
+            taken = [c for c, r in zip(classes, refine.refined) if r] if refine is not None else []
+            if (d.get("refine_large") or {}).get("classes") is None or refine is None or set(own) & set(taken):
+                raise ConfigError(f"model config {source}: refine_large needs a refine section and its own "
+                                  f"classes list, none of them refined by refine (refine refines {taken})")
         return cls(
             name=str(d.get("name", Path(source).stem if source else "model")),
             grid=grid,
@@ -269,7 +281,8 @@ class ModelConfig:
             max_detections=max_det,
             cross_class_iou=None if cross is None else float(cross),
             iou_score_alpha=iou_alpha,
-            refine=parse_refine(d.get("refine"), classes, source, _per_class, _positive_ints),
+            refine=refine,
+            refine_large=refine_large,
             use_intensity=use_intensity,
             score_calibration=parse_calibration(d.get("score_calibration"), classes, source),
             weights=str(d.get("weights", "")),
@@ -308,6 +321,12 @@ class ModelConfig:
         except FileNotFoundError:
             return (Path(self.source).parent if self.source else Path(".")) / self.weights
 
+    def _refine_dict(self, rc: RefineConfig) -> dict[str, Any]:
+        return {"rois": rc.rois, "points": rc.points, "margin": rc.margin, "point_channels": list(rc.point_channels),
+                "hidden": list(rc.hidden), "score_alpha": {c: float(v) for c, v in zip(self.classes, rc.score_alpha)},
+                "passes": rc.passes, **({"visibility": list(rc.visibility)} if rc.visibility else {}),
+                **({} if all(rc.refined) else {"classes": [c for c, r in zip(self.classes, rc.refined) if r]})}
+
     def to_dict(self) -> dict[str, Any]:
         by = lambda vals: {c: float(v) for c, v in zip(self.classes, vals)}  # noqa: E731
         return {
@@ -337,13 +356,8 @@ class ModelConfig:
             **({"iou_score_alpha": by(self.iou_score_alpha)} if self.iou_head else {}),
             "nms": {"iou_threshold": by(self.nms_iou), "max_detections": self.max_detections,
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
-            **({"refine": {"rois": self.refine.rois, "points": self.refine.points, "margin": self.refine.margin,
-                           "point_channels": list(self.refine.point_channels), "hidden": list(self.refine.hidden),
-                           "score_alpha": by(self.refine.score_alpha), "passes": self.refine.passes,
-                           **({"visibility": list(self.refine.visibility)} if self.refine.visibility else {}),
-                           **({} if all(self.refine.refined) else
-                              {"classes": [c for c, r in zip(self.classes, self.refine.refined) if r]})}}
-               if self.refine else {}),
+            **({"refine": self._refine_dict(self.refine)} if self.refine else {}),
+            **({"refine_large": self._refine_dict(self.refine_large)} if self.refine_large else {}),
             **({} if self.use_intensity else {"use_intensity": False}),
             **({"score_calibration": {c: [list(k) for k in knots] for c, knots in zip(self.classes, self.score_calibration)
                                       if knots is not None}} if self.score_calibration else {}),

@@ -44,6 +44,7 @@ class BevDetector(nn.Module):
         self.neck = Neck(cfg, self.backbone.strides, self.backbone.channels)
         self.head = CenterHead(cfg)
         self.refiner = RoiRefiner(cfg.refine, cfg.num_classes) if cfg.refine else None
+        self.refiner_large = RoiRefiner(cfg.refine_large, cfg.num_classes) if cfg.refine_large else None
 
     def forward(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
         """Stage 1: BEV grid (B, C, H, W) -> head maps (see `livox_infer.detector.head`)."""
@@ -51,9 +52,14 @@ class BevDetector(nn.Module):
 
     def refine(self, points: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
                intensity_scale: float, passes: int | None = None):
-        """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`)."""
-        return refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
-                                 intensity_scale, passes=passes, compiled=self.compiled_refiner)
+        """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`): the refiner for its
+        classes, then ``refiner_large`` (eager; its own passes) for its classes; the others pass both unchanged."""
+        out = refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
+                                intensity_scale, passes=passes, compiled=self.compiled_refiner)
+        if self.refiner_large is not None:
+            out = refine_candidates(self.refiner_large, self.cfg.refine_large, self.cfg.num_classes, points, *out,
+                                    intensity_scale)
+        return out
 
     compiled_refiner = None  # refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`), or aoti.PackageStage2
 

@@ -167,7 +167,7 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
 
 
 REFINER_FIRST_HIDDEN = "refiner.head.0.weight"  # the refiner's first hidden layer: [point features | context]
-GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine")
+GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine", "refine_large")
 
 
 def _core_architecture(arch: dict) -> dict:
@@ -234,6 +234,12 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     _check_values(raw, path, meta, require_hash=False)
     added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
     state.update({k: own[k] for k in added})
+    # a new second refiner (refine_large) starts as a copy of the file's refiner where their shapes agree: it then
+    # begins from boxes it knows how to refine, not from noise (trained from a copy, trucks and buses gained)
+    for k in added:
+        twin = "refiner." + k[len("refiner_large."):] if k.startswith("refiner_large.") else None
+        if twin in state and tuple(state[twin].shape) == tuple(own[k].shape):
+            state[k] = state[twin].detach().clone()
     grown = list(added)
     for k, v in state.items():
         mine = own[k]

@@ -70,7 +70,7 @@ class Part:
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    kind: str  # "detector" | "refine"
+    kind: str  # "detector" | "refine" | "refine-large"
     init: str | None  # an earlier stage's name, a weights file (relative to the recipe), or None: random
     config: dict[str, Any]  # overrides of the model config, deep-merged (null removes a key)
     train: tuple[Part, ...]
@@ -174,7 +174,7 @@ def check_recipe(r: Recipe) -> None:
     for i, s in enumerate(r.stages):
         if isinstance(s.init, str) and s.init in names and names.index(s.init) >= i:
             raise ConfigError(f"{where}: stage {s.name} starts from {s.init}, which does not run before it")
-        if s.kind == "refine" and not s.init:
+        if s.kind in ("refine", "refine-large") and not s.init:
             raise ConfigError(f"{where}: refine stage {s.name} needs init (the detector it refines)")
         if s.stop_after is not None and not 1 <= s.stop_after <= s.steps:
             raise ConfigError(f"{where}: stage {s.name}: stop_after must be in [1, steps]")

@@ -360,8 +360,7 @@ def predict_frames(net: torch.nn.Module, cfg: ModelConfig, frames: list[Frame], 
         heads = net(bev[None].to(device))
         s, l, b = (t[0] for t in topk_decode(heads, cfg))
         if refine:
-            s, l, b = refine_candidates(net.refiner, cfg.refine, cfg.num_classes, _stage2_points(points, cfg).to(device),
-                                        s, l, b, cfg.grid.intensity_scale)
+            s, l, b = net.refine(_stage2_points(points, cfg).to(device), s, l, b, cfg.grid.intensity_scale)
         s, l, b = select_detections(s.cpu(), l.cpu(), b.cpu(), [score_floor] * cfg.num_classes,
                                     cfg.nms_iou, cfg.max_detections, cfg.cross_class_iou)
         dets.append(FrameBoxes(b.numpy(), l.numpy(), s.numpy()))
@@ -440,7 +439,8 @@ def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]
     return int(meta["step"]), float(meta.get("best", "-inf"))
 
 
-STAGES = ("detector", "refine")
+# refine-large: the second refiner (`refine_large`, trucks and buses), on its classes' candidates only
+STAGES = ("detector", "refine", "refine-large")
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -474,13 +474,17 @@ def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch
 
 def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
                       amp_dtype: torch.dtype | None = None, box_beta: float = 0.02, passes: int = 1,
-                      classes: tuple[str, ...] | None = None):
+                      classes: tuple[str, ...] | None = None, large: bool = False):
     """Stage-2 training loss of a batch: the frozen detector (eval mode, no gradients) proposes its first
     ``refine.rois`` candidates per frame, the refiner (training mode) scores and refines them against the
     frame's ground truth (`refine.refine_loss`). ``passes`` > 1 also trains on the boxes that the current
     refiner (eval mode, no gradients) makes of them, as inference's later passes see them. ``classes``: only
-    candidates of these classes (None: all), the first ``refine.rois`` of them per frame."""
-    rc = cfg.refine
+    candidates of these classes (None: all), the first ``refine.rois`` of them per frame. ``large``: the second
+    refiner (``refine_large``), on its own classes' candidates."""
+    rc = cfg.refine_large if large else cfg.refine
+    refiner = net.refiner_large if large else net.refiner
+    if large:
+        classes = tuple(c for c, r in zip(cfg.classes, rc.refined) if r)
     # a refiner for some classes only (`refine.classes` at inference) sees only their candidates there: training it
     # on the others' would spend its capacity (and its BatchNorm statistics) on boxes it never gets
     keep = None if classes is None else torch.tensor([c in classes for c in cfg.classes], device=bev.device)
@@ -502,20 +506,20 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
         hits = first_hit_map(points) if rc.visibility else None
         for k in range(passes):
             if k:  # the previous pass's inputs through the current refiner, as `refine_candidates` does
-                was_training = net.refiner.training
-                net.refiner.eval()  # no BatchNorm statistics from these extra forward passes
+                was_training = refiner.training
+                refiner.eval()  # no BatchNorm statistics from these extra forward passes
                 with torch.no_grad():
-                    bx = next_boxes(bx, net.refiner(feats, valid, context)[1], valid)
-                net.refiner.train(was_training)
+                    bx = next_boxes(bx, refiner(feats, valid, context)[1], valid)
+                refiner.train(was_training)
             feats, valid = roi_point_features(points, bx, rc.points, rc.margin, cfg.grid.intensity_scale)
             context = refiner_context(rc, cfg.num_classes, sc, lab, bx, hits)
             iou, matched = match_candidates(bx, lab, gt_boxes, gt_labels)
             for name, t in zip(parts, (feats, valid, context, iou, matched, lab, bx)):
                 parts[name].append(t)
     if not parts["labels"]:  # no candidate of ``classes`` in the batch: nothing to learn (a loss of none is nan)
-        return sum(p.sum() for p in net.refiner.parameters()) * 0.0, {"refine_iou": 0.0, "refine_box": 0.0}
+        return sum(p.sum() for p in refiner.parameters()) * 0.0, {"refine_iou": 0.0, "refine_box": 0.0}
     cat = {k: torch.cat(v) for k, v in parts.items()}
-    iou_logit, residual = net.refiner(cat["feats"], cat["valid"], cat["context"])
+    iou_logit, residual = refiner(cat["feats"], cat["valid"], cat["context"])
     return refine_loss(iou_logit, residual, cat["boxes"], cat["labels"], cat["iou"], cat["matched"], cfg.classes,
                        box_beta)
 
@@ -904,21 +908,23 @@ def train(opts: TrainOptions) -> TrainResult:
     amp_dtype = resolve_precision(opts.precision, device)
     # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
     net = build_model(cfg).to(device).to(memory_format=torch.channels_last)
-    refining = opts.stage == "refine"
+    refining, large = opts.stage in ("refine", "refine-large"), opts.stage == "refine-large"
     if refining:
-        if cfg.refine is None:
-            raise ConfigError(f"--stage refine needs a model config with a refine section ({cfg.source or cfg.name} has none)")
+        if (cfg.refine_large if large else cfg.refine) is None:
+            section = "refine_large" if large else "refine"
+            raise ConfigError(f"--stage {opts.stage} needs a model config with a {section} section "
+                              f"({cfg.source or cfg.name} has none)")
         if not opts.init and not (opts.resume and (work / "checkpoint.safetensors").is_file()):
             raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
         if opts.refine_classes is not None and (not opts.refine_classes or set(opts.refine_classes) - set(cfg.classes)):
             raise ConfigError(f"--refine-classes must name some of the model's classes {list(cfg.classes)}, "
                               f"got {list(opts.refine_classes)}")
         net.requires_grad_(False)
-        net.refiner.requires_grad_(True)
+        (net.refiner_large if large else net.refiner).requires_grad_(True)
     elif cfg.refine is not None:
         log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
                     "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
-    trained = net.refiner if refining else net
+    trained = (net.refiner_large if large else net.refiner) if refining else net
     opt = torch.optim.AdamW(trained.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
@@ -959,7 +965,7 @@ def train(opts: TrainOptions) -> TrainResult:
                  {c: {k: round(x, 3) for k, x in a.items()} for c, a in v["ap"].items()})
     net.train(not refining)  # stage 2 keeps the detector in eval mode (BatchNorm statistics frozen)
     if refining:
-        net.refiner.train()
+        trained.train()
     bar = tqdm(loader, total=max(0, end - start), desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
     ema = None
     step = start - 1
@@ -978,7 +984,9 @@ def train(opts: TrainOptions) -> TrainResult:
             tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
             if refining:
                 loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
-                                                 opts.refine_train_passes or cfg.refine.passes, opts.refine_classes)
+                                                 opts.refine_train_passes or (cfg.refine_large if large else
+                                                                              cfg.refine).passes,
+                                                 opts.refine_classes, large)
             else:
                 loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
             opt.zero_grad(set_to_none=True)
@@ -994,7 +1002,7 @@ def train(opts: TrainOptions) -> TrainResult:
                 v = validate(net, cfg, val_frames, device, refine=refining)
                 if refining:
                     net.train(False)
-                    net.refiner.train()
+                    trained.train()
                 score = val_score(v)
                 ap = v["ap"]
                 log.info("step %d loss %s | val BEV AP %s (GT %s) score %.3f", done,
