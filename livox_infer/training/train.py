@@ -483,11 +483,10 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
     refiner (``refine_large``), on its own classes' candidates."""
     rc = cfg.refine_large if large else cfg.refine
     refiner = net.refiner_large if large else net.refiner
-    if large:
-        classes = tuple(c for c, r in zip(cfg.classes, rc.refined) if r)
     # a refiner for some classes only (`refine.classes` at inference) sees only their candidates there: training it
     # on the others' would spend its capacity (and its BatchNorm statistics) on boxes it never gets
-    keep = None if classes is None else torch.tensor([c in classes for c in cfg.classes], device=bev.device)
+    flags = rc.refined if large else None if classes is None else [c in classes for c in cfg.classes]
+    keep = None if flags is None else torch.tensor(flags, device=bev.device)
     with torch.no_grad():
         bev = bev.contiguous(memory_format=torch.channels_last)
         with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
@@ -909,9 +908,10 @@ def train(opts: TrainOptions) -> TrainResult:
     # channels_last: oneDNN's (and cuDNN's) fast layout for these convolutions, also in fp32
     net = build_model(cfg).to(device).to(memory_format=torch.channels_last)
     refining, large = opts.stage in ("refine", "refine-large"), opts.stage == "refine-large"
+    section = "refine_large" if large else "refine"  # the refiner a refine stage trains: its config and module
+    trained = net
     if refining:
-        if (cfg.refine_large if large else cfg.refine) is None:
-            section = "refine_large" if large else "refine"
+        if getattr(cfg, section) is None:
             raise ConfigError(f"--stage {opts.stage} needs a model config with a {section} section "
                               f"({cfg.source or cfg.name} has none)")
         if not opts.init and not (opts.resume and (work / "checkpoint.safetensors").is_file()):
@@ -919,12 +919,12 @@ def train(opts: TrainOptions) -> TrainResult:
         if opts.refine_classes is not None and (not opts.refine_classes or set(opts.refine_classes) - set(cfg.classes)):
             raise ConfigError(f"--refine-classes must name some of the model's classes {list(cfg.classes)}, "
                               f"got {list(opts.refine_classes)}")
+        trained = net.refiner_large if large else net.refiner
         net.requires_grad_(False)
-        (net.refiner_large if large else net.refiner).requires_grad_(True)
+        trained.requires_grad_(True)
     elif cfg.refine is not None:
         log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
                     "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
-    trained = (net.refiner_large if large else net.refiner) if refining else net
     opt = torch.optim.AdamW(trained.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
@@ -984,8 +984,7 @@ def train(opts: TrainOptions) -> TrainResult:
             tgt = {k: v.to(device, non_blocking=True) for k, v in tgt.items()}
             if refining:
                 loss, parts = refine_batch_loss(net, bev, scene, cfg, amp_dtype, opts.refine_box_beta,
-                                                 opts.refine_train_passes or (cfg.refine_large if large else
-                                                                              cfg.refine).passes,
+                                                 opts.refine_train_passes or getattr(cfg, section).passes,
                                                  opts.refine_classes, large)
             else:
                 loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
