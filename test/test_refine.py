@@ -507,6 +507,9 @@ def test_train_refine_large_stage_trains_only_the_second_refiner(trained_detecto
     assert '"stage": "refine-large"' in meta["train_args"] and set(a) == set(b)
     assert all(torch.equal(a[k], b[k]) for k in a if not k.startswith("refiner_large."))  # detector, first refiner
     assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith("refiner_large.") and k.endswith("weight"))
+    # its classes are refine_large's: a --refine-classes it would not use is refused, not ignored
+    assert train_mod.main(_args(root / "c", cfg_path, "--stage", "refine-large", "--init", str(first),
+                                "--refine-classes", "car", *common)) == 2
 
 
 @pytest.mark.parametrize("which, message", [("plain", "refine section"), ("refine", "--init")])

@@ -700,7 +700,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "passes see them (default: the config's refine.passes)")
     p.add_argument("--refine-classes", default=None, metavar="C[,C]",
                    help="--stage refine: only candidates of these classes enter the loss, the first refine.rois of "
-                        "them per frame, as inference picks a config's refine.classes (default: all classes)")
+                        "them per frame, as inference picks a config's refine.classes (default: all classes); "
+                        "--stage refine-large always trains on refine_large.classes and refuses it")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -916,6 +917,10 @@ def train(opts: TrainOptions) -> TrainResult:
                               f"({cfg.source or cfg.name} has none)")
         if not opts.init and not (opts.resume and (work / "checkpoint.safetensors").is_file()):
             raise ConfigError("--stage refine trains stage 2 on a trained detector: give its weights with --init")
+        if large and opts.refine_classes is not None:
+            own = [c for c, r in zip(cfg.classes, cfg.refine_large.refined) if r]
+            raise ConfigError(f"--stage refine-large trains on refine_large's classes {own}; "
+                              "--refine-classes is for --stage refine")
         if opts.refine_classes is not None and (not opts.refine_classes or set(opts.refine_classes) - set(cfg.classes)):
             raise ConfigError(f"--refine-classes must name some of the model's classes {list(cfg.classes)}, "
                               f"got {list(opts.refine_classes)}")
