@@ -410,6 +410,9 @@ class DetectionPipeline:
             self._stage2.compiled_refiner = runner.stage2  # the package's compiled stage-2 parts, if it has them
             if runner.stage2 is not None:
                 runner.stage2.eager_refiner = self._stage2.refiner
+            self._stage2.compiled_refiner_large = runner.stage2_large  # refine_large's compiled pass (format v4)
+            if runner.stage2_large is not None:
+                runner.stage2_large.eager_refiner = self._stage2.refiner_large
         self._eager = None
         self._runner = runner
         self.compiled = True

@@ -146,6 +146,31 @@ def test_eval_cli_real_writes_json(real_dir, tmp_path, capsys):
     assert 0.0 <= lo <= hi <= 1.0
 
 
+def test_eval_cli_real_by_range_and_beyond_the_grid(real_dir, tmp_path, capsys):
+    """--ranges scores each range bin of the real views (it was ignored with --real); the objects beyond the
+    detection grid, which no detection can reach, are counted; --region, which --real cannot honour, is refused."""
+    from livox_infer.evaluation.real import beyond_grid
+    from livox_infer.tools.cli import main
+
+    root, _ = real_dir
+    views = load_real_dir(root, fov=80, max_range=80, headings=(0, 90, 180, 270))
+    perfect = [FrameBoxes(v.gt.boxes[~v.gt_ignore], v.gt.labels[~v.gt_ignore], np.full(int((~v.gt_ignore).sum()), 0.9))
+               for v in views]
+    near, far = (evaluate_views(views, perfect, range_bin=b)["all"] for b in ((0.0, 16.0), (16.0, math.inf)))
+    assert near.num_gt["car"] == 3 and far.num_gt["car"] == 2  # at 15 m (twice) and 2 m; at 20 m ahead and behind
+    assert near.ap["car"]["bev@0.7"] == pytest.approx(1.0) == far.ap["car"]["bev@0.7"]
+    # a 16 m grid reaches the cars at 15 m and 2 m, not the two at 20 m (the pedestrian at 12.4 m: yes)
+    assert beyond_grid(views, ["car", "pedestrian"], (0.0, 16.0, -8.0, 8.0)).endswith("car 2 of 5, pedestrian 0 of 1")
+    out = tmp_path / "real.json"
+    assert main(["eval", "--real", str(root), "--no-compile", "--headings", "0,180", "--ranges", "0,16,inf",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "objects at 0-16 m" in text and "objects at 16+ m" in text and "beyond the detection grid" in text
+    assert set(json.loads(out.read_text())["by_range"]) == {"0-16 m", "16+ m"}
+    assert main(["eval", "--real", str(root), "--no-compile", "--region", "0", "10", "-5", "5"]) == 2
+    assert "--region does not apply to --real" in capsys.readouterr().err
+
+
 # Cross-validated (issue 29): real_dev's KITTI frames are scored by the weights trained without them
 # (models/cv/lite.trained-on-av2.safetensors) and its AV2 sweeps by models/cv/lite.trained-on-kitti.safetensors, the
 # same recipe as the shipped weights on one fold (docs/evaluation.md, "Real labelled scans"). The shipped weights saw

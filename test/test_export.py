@@ -147,6 +147,7 @@ def test_a_cpu_package_holds_stage_2s_costly_parts(package):
         raise RuntimeError("shape check failed")
 
     stage2._features = stage2._refiner = broken
+    stage2._pass = None  # as a format-v2 package: each pass from its parts
     rng = np.random.default_rng(3)
     cloud = np.c_[rng.uniform(0, 25, (3000, 2)) - [0, 12], rng.uniform(-1.5, 1.0, 3000),
                   rng.uniform(0, 255, 3000)].astype(np.float32)
@@ -154,10 +155,10 @@ def test_a_cpu_package_holds_stage_2s_costly_parts(package):
     a, b = eager.detect(cloud), pipe.detect(cloud)
     assert stage2._features is None
     assert len(a) == len(b) and np.allclose(a.scores, b.scores, atol=1e-5)
-    with torch.no_grad():  # (this frame had fewer candidates than rois: the refiner ran eagerly anyway)
+    assert stage2._refiner is None  # (fewer candidates than rois are filled up: the broken refiner ran, and failed)
+    with torch.no_grad():
         for x, y in zip(stage2.refiner(*refiner_args), net.refiner(*refiner_args)):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
-    assert stage2._refiner is None
 
 
 def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
@@ -194,11 +195,17 @@ def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
     assert torch.equal(got[1], want[1])
     for a, b in ((got[0], want[0]), (got[2], want[2])):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    # fewer candidates than rois, or another intensity scale: from the parts
-    refine_candidates(net.refiner, rc, cfg.num_classes, points, scores[:5], labels[:5], boxes[:5], scale,
-                      compiled=stage2)
+    # fewer candidates than rois: filled up to rois for the compiled pass, the same values for the real ones
+    few = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores[:5], labels[:5], boxes[:5], scale,
+                            compiled=stage2)
+    assert len(calls) == 2 * rc.passes and calls[-1] > 0 and len(few[0]) == 5
+    alone = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores[:5], labels[:5], boxes[:5], scale)
+    assert torch.equal(few[1], alone[1])
+    for a, b in ((few[0], alone[0]), (few[2], alone[2])):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # another intensity scale: from the parts
     refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale / 2, compiled=stage2)
-    assert len(calls) == rc.passes
+    assert len(calls) == 2 * rc.passes
 
     def broken(*a):
         raise RuntimeError("shape check failed")
@@ -207,6 +214,49 @@ def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
     again = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale, compiled=stage2)
     assert stage2._pass is None
     torch.testing.assert_close(again[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_cpu_package_runs_refine_large_compiled(package):
+    """Format v4: refine_large's whole pass is compiled into a CPU package too and gives the eager pass's values,
+    for a full set of candidates and for a few (filled up); the pipeline runs it with its own eager refiner behind."""
+    from livox_infer.detector.aoti import STAGE2_LARGE_PART, PackageStage2
+    from livox_infer.detector.refine import refine_candidates
+    from livox_infer.detector.weights import load_weights
+
+    cfg_path, weights, pkg = package
+    cfg = ModelConfig.load(cfg_path)
+    rc = cfg.refine_large
+    assert rc is not None  # the tiny config is models/lite.yaml's, refine_large included
+    runner = AotiRunner(pkg, cfg, torch.device("cpu"))
+    large = runner.stage2_large
+    assert runner.metadata["stage2_large"] == STAGE2_LARGE_PART and isinstance(large, PackageStage2)
+    assert large.rois == rc.rois and large._features is None and large._refiner is None
+    net = build_model(cfg)
+    load_weights(net, cfg, weights)
+    net.eval()
+    large.eager_refiner = net.refiner_large
+    calls = []
+    compiled_pass = large._pass
+    large._pass = lambda *a: calls.append(len(a[2])) or compiled_pass(*a)
+    torch.manual_seed(6)
+    points = torch.rand(4000, 4) * torch.tensor([30.0, 30.0, 4.0, 255.0]) - torch.tensor([0.0, 15.0, 1.0, 0.0])
+    r = rc.rois + 2
+    boxes = torch.cat([torch.rand(r, 2) * 25 + torch.tensor([0.0, -12.0]), torch.zeros(r, 1),
+                       torch.rand(r, 3) * 6 + 2, torch.rand(r, 1) * 3], 1)
+    refined = torch.nonzero(torch.tensor(rc.refined))[:, 0]
+    scores, labels = torch.rand(r).sort(descending=True).values, refined[torch.randint(0, len(refined), (r,))]
+    scale = cfg.grid.intensity_scale
+    for n in (r, 3):
+        args = (points, scores[:n], labels[:n], boxes[:n], scale)
+        want = refine_candidates(net.refiner_large, rc, cfg.num_classes, *args)
+        got = refine_candidates(net.refiner_large, rc, cfg.num_classes, *args, compiled=large)
+        assert torch.equal(got[1], want[1]) and len(got[0]) == min(n, rc.rois)
+        for a, b in ((got[0], want[0]), (got[2], want[2])):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert calls == [rc.rois] * (2 * rc.passes)
+    pipe = DetectionPipeline(cfg_path, aoti_package=pkg, sensor_height=1.5, device="cpu")
+    held = pipe._stage2.compiled_refiner_large
+    assert isinstance(held, PackageStage2) and held.eager_refiner is pipe._stage2.refiner_large
 
 
 def test_a_cpu_package_clips_the_nms_overlaps_compiled(package):

@@ -230,7 +230,7 @@ def test_compiled_stage_2_matches_the_eager_one():
                 m.running_var.uniform_(0.5, 2.0)
     compiled = CompiledRefiner(net, cfg)
     scores, labels = torch.tensor([0.9, 0.6, 0.3]), torch.tensor([0, 1, 0])
-    for n, seed in ((3000, 0), (5000, 1), (40, 2)):
+    for n, seed in ((40, 2), (5000, 1), (3000, 0)):
         pts = _points(n, seed)
         with torch.no_grad():
             eager = refine_candidates(net, cfg, 3, pts, scores, labels, BOXES, 255.0)
@@ -238,6 +238,13 @@ def test_compiled_stage_2_matches_the_eager_one():
         torch.testing.assert_close(fast[0], eager[0], rtol=0, atol=1e-5)
         torch.testing.assert_close(fast[2], eager[2], rtol=0, atol=1e-4)
         assert torch.equal(fast[1], eager[1])
+    # fewer candidates than rois: filled up to the compiled refiner's shape, the fill dropped again
+    with torch.no_grad():
+        eager = refine_candidates(net, cfg, 3, pts, scores[:2], labels[:2], BOXES[:2], 255.0)
+        fast = refine_candidates(net, cfg, 3, pts, scores[:2], labels[:2], BOXES[:2], 255.0, compiled=compiled)
+    assert len(fast[0]) == 2 and torch.equal(fast[1], eager[1])
+    torch.testing.assert_close(fast[0], eager[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(fast[2], eager[2], rtol=0, atol=1e-4)
 
 
 def test_classes_stage_2_does_not_refine_keep_stage_1_and_take_no_roi():

@@ -32,10 +32,10 @@ from livox_infer.detector.config import ModelConfig
 
 log = logging.getLogger("livox_infer.export")
 # v3 (2026-12-05): a CPU package holds stage 2's compiled parts (v2 had features and refiner, v3 adds a whole pass)
-# and the NMS's clipping; older packages still load when named (the missing parts run eagerly), but are no longer
-# picked from the cache, so `make setup` and the node rebuild them
-PACKAGE_FORMAT = "livox_infer.aoti.v3"
-LOADABLE_FORMATS = ("livox_infer.aoti.v1", "livox_infer.aoti.v2", PACKAGE_FORMAT)
+# and the NMS's clipping; v4 (2026-12-06) also refine_large's whole pass. Older packages still load when named (the
+# missing parts run eagerly), but are no longer picked from the cache, so `make setup` and the node rebuild them
+PACKAGE_FORMAT = "livox_infer.aoti.v4"
+LOADABLE_FORMATS = ("livox_infer.aoti.v1", "livox_infer.aoti.v2", "livox_infer.aoti.v3", PACKAGE_FORMAT)
 MANIFEST_FORMAT = "livox_infer.aoti_manifest.v1"
 MANIFEST_ENV = "LIVOX_INFER_AOTI_MANIFEST"
 MAX_PACKAGE_BYTES = 1 << 30  # a lite package is ~1 MB; nothing legitimate comes near this
@@ -185,6 +185,9 @@ def _load_package(file: str, name: str = "model"):
 STAGE2_PARTS = "stage2_features,stage2_refiner,stage2_pass"
 _KNOWN_STAGE2 = {"stage2_features,stage2_refiner", STAGE2_PARTS}
 NMS_PART = "nms_paired_area"  # metadata "nms" (format v3, CPU): the NMS's overlap clipping (PackagePairedArea)
+# metadata "stage2_large" (format v4, CPU, models with refine_large): refine_large's whole pass (its RefinePass),
+# with its settings under the "stage2_large_" keys as the first refiner's under "stage2_"
+STAGE2_LARGE_PART = "stage2_large_pass"
 
 
 class PackageStage2:
@@ -193,10 +196,11 @@ class PackageStage2:
     and intensity scale; 2 to ``rois`` boxes), else eagerly; ``refiner`` for exactly ``rois`` candidates; and, from
     format v3, ``refine_pass``: a whole refinement pass (`RefinePass`) for ``rois`` candidates, one compiled call."""
 
-    def __init__(self, features, refiner, meta: dict[str, str], refine_pass=None) -> None:
+    def __init__(self, features, refiner, meta: dict[str, str], refine_pass=None, prefix: str = "stage2") -> None:
         self._features, self._refiner, self._pass = features, refiner, refine_pass
-        self.rois = int(meta["stage2_rois"])
-        self._fixed = (int(meta["stage2_points"]), float(meta["stage2_margin"]), float(meta["stage2_intensity_scale"]))
+        self.rois = int(meta[f"{prefix}_rois"])
+        self._fixed = (int(meta[f"{prefix}_points"]), float(meta[f"{prefix}_margin"]),
+                       float(meta[f"{prefix}_intensity_scale"]))
 
     def features(self, points, near, boxes, k, margin, intensity_scale):
         from livox_infer.detector.refine import sampled_features
@@ -382,6 +386,14 @@ class AotiRunner:
                                                 parts.get("stage2_pass"))
                 except Exception as exc:  # noqa: BLE001 - stage 2 then runs eagerly, as from an older package
                     log.warning("%s: stage 2's compiled parts did not load (%s: %s); stage 2 runs eagerly", path,
+                                type(exc).__name__, exc)
+            self.stage2_large = None  # PackageStage2 (its pass alone) of refine_large, from a format-v4 CPU package
+            if meta.get("stage2_large") == STAGE2_LARGE_PART and cfg.refine_large is not None:
+                try:
+                    self.stage2_large = PackageStage2(None, None, meta, _load_package(str(copy), STAGE2_LARGE_PART),
+                                                      prefix="stage2_large")
+                except Exception as exc:  # noqa: BLE001 - refine_large then runs eagerly
+                    log.warning("%s: refine_large's compiled pass did not load (%s: %s); it runs eagerly", path,
                                 type(exc).__name__, exc)
             self.paired_area = None  # PackagePairedArea when the package holds the NMS's part (CPU, format v3)
             if meta.get("nms") == NMS_PART:

@@ -14,7 +14,7 @@ from livox_infer.detector.backbone import Backbone
 from livox_infer.detector.config import ModelConfig
 from livox_infer.detector.head import CenterHead
 from livox_infer.detector.neck import Neck
-from livox_infer.detector.refine import RoiRefiner, refine_candidates
+from livox_infer.detector.refine import PointCells, RoiRefiner, refine_candidates
 
 # Weights saved before the backbone / neck / head split name their tensors without the module prefix.
 LEGACY_PREFIXES = (
@@ -53,15 +53,19 @@ class BevDetector(nn.Module):
     def refine(self, points: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
                intensity_scale: float, passes: int | None = None):
         """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`): the refiner for its
-        classes, then ``refiner_large`` (eager; its own passes) for its classes; the others pass both unchanged."""
+        classes, then ``refiner_large`` (its own passes; compiled from a package, else eager) for its classes; the
+        others pass both unchanged."""
+        # the cloud's coarse cells, built once for both refiners (0.6 ms a 24k-point frame)
+        cells = PointCells(points.float()) if self.refiner_large is not None else None
         out = refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
-                                intensity_scale, passes=passes, compiled=self.compiled_refiner)
+                                intensity_scale, passes=passes, compiled=self.compiled_refiner, cells=cells)
         if self.refiner_large is not None:
             out = refine_candidates(self.refiner_large, self.cfg.refine_large, self.cfg.num_classes, points, *out,
-                                    intensity_scale)
+                                    intensity_scale, compiled=self.compiled_refiner_large, cells=cells)
         return out
 
     compiled_refiner = None  # refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`), or aoti.PackageStage2
+    compiled_refiner_large = None  # aoti.PackageStage2 of refiner_large's whole pass (a package's, format v4)
 
     def compile_refiner(self) -> None:
         """Run stage 2's costly parts torch.compile'd from now on (they compile at their first call)."""

@@ -403,12 +403,15 @@ def refine_loss(iou_logit: torch.Tensor, residual: torch.Tensor, boxes: torch.Te
 @torch.no_grad()
 def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, points: torch.Tensor,
                       scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, intensity_scale: float,
-                      rois: int | None = None, passes: int | None = None, compiled=None):
+                      rois: int | None = None, passes: int | None = None, compiled=None,
+                      cells: PointCells | None = None):
     """Stage 2 on one frame: the first ``rois`` candidates of `topk_decode` (highest heat first) -> their
     re-scored scores (R,), labels (R,), refined boxes (R, 7), all in the levelled frame; ``passes``
     refiner applications (default: the config's), each on the previous one's boxes. ``compiled``: a
-    `CompiledRefiner` to run the costly parts with. Candidates of a class stage 2 does not refine (``cfg.refined``)
-    take no RoI and come after the refined ones unchanged (stage 1's score and box)."""
+    `CompiledRefiner` or a package's `PackageStage2` to run the costly parts with (fewer candidates than its fixed
+    ``rois`` are filled up to them, so that its compiled shapes apply). Candidates of a class stage 2 does not refine (``cfg.refined``)
+    take no RoI and come after the refined ones unchanged (stage 1's score and box). ``cells``: the `PointCells`
+    of ``points`` when the caller has them (a second refiner on the same frame)."""
     through = None
     if not all(cfg.refined):
         refined = torch.tensor(cfg.refined, dtype=torch.bool, device=labels.device)[labels]
@@ -416,12 +419,18 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
         scores, labels, boxes = scores[refined], labels[refined], boxes[refined]
     r = min(rois or cfg.rois, scores.shape[0])
     scores, labels, boxes = scores[:r].float(), labels[:r], boxes[:r].float()
+    if compiled is not None and 0 < r < compiled.rois:
+        # the compiled pass / refiner have a fixed shape of compiled.rois candidates: fill up with copies of the
+        # first (each candidate is refined on its own, and its copies reach the same points), dropped at the end
+        fill = torch.zeros(compiled.rois - r, dtype=torch.long, device=labels.device)
+        scores, labels, boxes = torch.cat([scores, scores[fill]]), torch.cat([labels, labels[fill]]), torch.cat(
+            [boxes, boxes[fill]])
     points = points.float()
     alpha = scores.new_tensor(cfg.score_alpha)[labels]
     new_scores = scores
     hits = first_hit_map(points) if cfg.visibility else None
-    cells = PointCells(points) if r else None
-    fused = getattr(compiled, "refine_pass", None) if compiled is not None and r == compiled.rois else None
+    cells = (cells if cells is not None else PointCells(points)) if r else None
+    fused = getattr(compiled, "refine_pass", None) if compiled is not None and scores.shape[0] == compiled.rois else None
     for _ in range(passes or cfg.passes) if r else ():  # no candidate of a refined class: nothing to refine
         near = _cap_near(_near_any_box(points, boxes, cfg.margin, cells=cells), points.dtype)
         out = None if fused is None or near.shape[0] < cfg.points else fused(points[near], near, boxes, scores,
@@ -435,6 +444,7 @@ def refine_candidates(refiner: RoiRefiner, cfg: RefineConfig, num_classes: int, 
         run = refiner if compiled is None or feats.shape[0] != compiled.rois else compiled.refiner
         iou_logit, residual = run(feats, valid, context)
         new_scores, boxes = pass_outputs(scores, alpha, boxes, iou_logit, residual, valid)
+    new_scores, labels, boxes = new_scores[:r], labels[:r], boxes[:r]  # without the fill
     if through is not None:
         return torch.cat([new_scores, through[0]]), torch.cat([labels, through[1]]), torch.cat([boxes, through[2]])
     return new_scores, labels, boxes

@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'yaw_rate_dps=[-15,15]' (a moving, turning vehicle); repeatable")
     p.add_argument("--ranges", default=None, metavar="EDGES",
                    help="also report AP per range bin of the object's BEV distance from the sensor, e.g. "
-                        "'0,20,40,inf' (pooled over sensors; GT and detections outside a bin are left out)")
+                        "'0,20,40,inf' (pooled over sensors, or per source with --real; GT and detections outside a bin "
+                        "are left out)")
     p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
                    help="run the network on this BEV extent in metres (multiples of 3.2 for lite) instead of the "
                         "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")

@@ -36,7 +36,8 @@ from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.detector.boxes import points_in_boxes
 from livox_infer.decode.pointfiles import read_points_file
-from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate
+from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, range_bins
+from livox_infer.evaluation.options import eval_region, parse_ranges
 from livox_infer.evaluation.simulated import scan_detector
 
 # Source classes that are ignored for one of ours (KITTI's convention: a van is not a missed car, and
@@ -179,8 +180,10 @@ def _in_view(views: Sequence[RealView], detections: Sequence[FrameBoxes], fov: f
 
 
 def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
-                   fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE) -> dict[str, EvalResult]:
-    """AP per source and pooled ("all") of detections aligned with ``views`` (one FrameBoxes per view)."""
+                   fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE,
+                   range_bin: tuple[float, float] | None = None) -> dict[str, EvalResult]:
+    """AP per source and pooled ("all") of detections aligned with ``views`` (one FrameBoxes per view);
+    ``range_bin`` (lo, hi) metres: only objects at that BEV distance count (`metrics.evaluate`)."""
     dets = _in_view(views, detections, fov, max_range)
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(views):
@@ -189,8 +192,26 @@ def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], 
     out = {}
     for name, idx in groups.items():
         out[name] = evaluate([dets[i] for i in idx], [views[i].gt for i in idx], classes,
-                             gt_ignore=[views[i].gt_ignore for i in idx])
+                             gt_ignore=[views[i].gt_ignore for i in idx], range_bin=range_bin)
     return out
+
+
+def beyond_grid(views: Sequence[RealView], classes: Sequence[str], region: tuple[float, float, float, float]) -> str:
+    """One line: how many scored objects per class lie outside the detection grid ``region`` (x0, x1, y0, y1), where
+    no detection can reach them (they still count as misses: the view cone is the task, not the grid)."""
+    x0, x1, y0, y1 = region
+    parts = []
+    for ci, cls in enumerate(classes):
+        n = out = 0
+        for v in views:
+            m = (v.gt.labels == ci) & ~v.gt_ignore
+            b = v.gt.boxes[m]
+            n += len(b)
+            out += int((~((b[:, 0] >= x0) & (b[:, 0] < x1) & (b[:, 1] >= y0) & (b[:, 1] < y1))).sum())
+        if n:
+            parts.append(f"{cls} {out} of {n}")
+    return (f"beyond the detection grid (x {x0:g}..{x1:g} m, y {y0:g}..{y1:g} m), out of reach but scored: "
+            + ", ".join(parts))
 
 
 def scene_of(frame: str) -> str:
@@ -414,6 +435,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     from livox_infer.detector.config import ModelConfig
 
     cfg = ModelConfig.load(args.model)
+    if getattr(args, "region", None):
+        raise ConfigError("--region does not apply to --real: a real view is scored in its cone (--fov, --range)")
     headings = parse_headings(args.headings)
     folds = parse_cross_validate(getattr(args, "cross_validate", None) or [])
     views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
@@ -431,6 +454,12 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     res = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range)
     print(real_table(res, f"== {how} on real scans {args.real}: ±{args.fov / 2:g}°, ≤ {args.max_range:g} m, "
                           f"AP R40, GT with < {args.min_points} points ignored =="))
+    print(beyond_grid(views, cfg.classes, eval_region(args, cfg)))
+    by_range = {}
+    for label, rb in range_bins(parse_ranges(getattr(args, "ranges", None))):
+        r = evaluate_views(views, dets, cfg.classes, args.fov, args.max_range, range_bin=rb)
+        print(real_table(r, f"-- objects at {label} from the sensor --"))
+        by_range[label] = {k: v.to_dict() for k, v in r.items()}
     extra = reliability_report(views, dets, cfg, args) if (args.reliability or args.fit_calibration) else None
     intervals, paired = None, None
     if args.bootstrap:
@@ -457,6 +486,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
                "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
                "cross_validate": folds or None,
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
+        if by_range:
+            out["by_range"] = by_range
         if extra is not None:
             out["reliability"] = extra
         if intervals is not None:

@@ -23,7 +23,9 @@ import torch
 
 from torch._inductor.package import package_aoti
 
-from livox_infer.detector.aoti import NMS_PART, STAGE2_PARTS, AotiRunner, manifest_path, record_in_manifest
+from livox_infer.detector.aoti import (
+    NMS_PART, STAGE2_LARGE_PART, STAGE2_PARTS, AotiRunner, manifest_path, record_in_manifest,
+)
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.config import ModelConfig
 from livox_infer.params import BY_NAME, DEFAULTS, PRECISIONS, SENSOR_PRESETS
@@ -75,6 +77,9 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
         parts = {"model": torch._inductor.aot_compile(program.module(), (example,), options=configs)}
         if stage2:
             parts.update(_stage2_parts(infer.net.refiner, cfg, dev))
+            if cfg.refine_large is not None:
+                parts[STAGE2_LARGE_PART] = _pass_part(infer.net.refiner_large, cfg.refine_large, cfg, dev,
+                                                      prefix="refine_large")
         if dev.type == "cpu":
             parts[NMS_PART] = _nms_part(dev)
         path = str(package_aoti(str(out), parts))
@@ -87,21 +92,26 @@ def export_package(cfg: ModelConfig, weights: str | Path, out: str | Path | None
 
 def stage2_metadata(cfg: ModelConfig) -> dict[str, str]:
     """What a package's stage-2 parts were compiled with (`livox_infer.detector.aoti.PackageStage2` checks each call)."""
-    rc = cfg.refine
-    return {"stage2": STAGE2_PARTS, "stage2_rois": str(rc.rois), "stage2_points": str(rc.points),
-            "stage2_margin": repr(float(rc.margin)), "stage2_intensity_scale": repr(float(cfg.grid.intensity_scale))}
+    out = {"stage2": STAGE2_PARTS}
+    for prefix, rc in (("stage2", cfg.refine), ("stage2_large", cfg.refine_large)):
+        if rc is not None:
+            out.update({f"{prefix}_rois": str(rc.rois), f"{prefix}_points": str(rc.points),
+                        f"{prefix}_margin": repr(float(rc.margin)),
+                        f"{prefix}_intensity_scale": repr(float(cfg.grid.intensity_scale))})
+    if cfg.refine_large is not None:
+        out["stage2_large"] = STAGE2_LARGE_PART
+    return out
 
 
 def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device) -> dict[str, list]:
     """Stage 2's costly parts compiled ahead of time beside the network (the torch.compile path's `CompiledRefiner`):
     the point features with dynamic point and box counts (points: at least the sampled count, at most
     MAX_NEAR_POINTS; boxes: 2 to rois, as a compiled graph specialises 0 and 1), the refiner at (rois, points), and
-    a whole refinement pass (`RefinePass`: rois boxes, dynamic point count), which frames with rois candidates run."""
+    a whole refinement pass (`_pass_part`), which every frame with a candidate runs (`refine_candidates` fills its
+    candidates up to rois)."""
     from torch.export import Dim
 
-    from livox_infer.detector.refine import (
-        MAX_NEAR_POINTS, VIS_AZIMUTH_BINS, RefinePass, SampledFeatures, refiner_example_inputs,
-    )
+    from livox_infer.detector.refine import MAX_NEAR_POINTS, SampledFeatures, refiner_example_inputs
 
     rc = cfg.refine
     n = max(rc.points, 256)
@@ -112,23 +122,57 @@ def _stage2_parts(refiner: torch.nn.Module, cfg: ModelConfig, dev: torch.device)
     dims = ({0: n_points}, {0: n_points}, {0: Dim("boxes", min=2, max=rc.rois)})
     refiner_args = refiner_example_inputs(rc, cfg.num_classes, dev)
     features = SampledFeatures(rc.points, rc.margin, cfg.grid.intensity_scale)
-    # a whole pass: rois boxes (a fixed count: the refiner's), their stage-1 scores and labels, [the hit map]
-    pass_args = (points, torch.arange(n, device=dev), boxes, torch.linspace(0.9, 0.1, rc.rois, device=dev),
-                 torch.arange(rc.rois, device=dev) % cfg.num_classes)
-    if rc.visibility:
-        pass_args += (torch.full((VIS_AZIMUTH_BINS,), 30.0, device=dev),
-                      torch.ones(VIS_AZIMUTH_BINS, dtype=torch.bool, device=dev))
-    pass_dims = ({0: n_points}, {0: n_points}) + (None,) * (len(pass_args) - 2)
-    refine_pass = RefinePass(refiner.eval(), rc, cfg.num_classes, cfg.grid.intensity_scale).eval()
     package = {"aot_inductor.package": True}
     out = {}
     for name, module, args, shapes, opts in (
             ("stage2_features", features, feats_args, dims, package),
-            ("stage2_refiner", refiner.eval(), refiner_args, None, {**package, "freezing": True}),
-            ("stage2_pass", refine_pass, pass_args, pass_dims, {**package, "freezing": True})):
+            ("stage2_refiner", refiner.eval(), refiner_args, None, {**package, "freezing": True})):
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
         out[name] = torch._inductor.aot_compile(program.module(), args, options=opts)
+    out["stage2_pass"] = _pass_part(refiner, rc, cfg, dev)
     return out
+
+
+class _Prefixed(torch.nn.Module):
+    """A `RefinePass` ``inner`` under the attribute ``name``: the parts of one package share one namespace of constants (named
+    after the module's attributes), so refine_large's pass, whose attributes are the first pass's, would otherwise
+    load the first refiner's weights (or give it its own)."""
+
+    def __init__(self, name: str, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.name = name
+        self.add_module(name, inner)
+
+    def forward(self, points: torch.Tensor, near: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor,
+                labels: torch.Tensor, first: torch.Tensor | None = None, observed: torch.Tensor | None = None):
+        return getattr(self, self.name)(points, near, boxes, scores, labels, first, observed)
+
+
+def _pass_part(refiner: torch.nn.Module, rc, cfg: ModelConfig, dev: torch.device, prefix: str | None = None) -> list:
+    """A whole refinement pass of ``refiner`` with its section ``rc`` (`RefinePass`: rois boxes, dynamic point count)
+    compiled ahead of time: the first refiner's "stage2_pass", refine_large's STAGE2_LARGE_PART (``prefix``: the
+    attribute its weights are named under)."""
+    from torch.export import Dim
+
+    from livox_infer.detector.refine import MAX_NEAR_POINTS, VIS_AZIMUTH_BINS, RefinePass
+
+    n = max(rc.points, 256)
+    points = torch.rand((n, 4), device=dev) * 10.0
+    boxes = torch.tensor([[2.0, 0.0, 0.0, 4.0, 2.0, 1.5, 0.3]] * rc.rois, device=dev)
+    n_points = Dim("points", min=rc.points, max=MAX_NEAR_POINTS)
+    # rois boxes (a fixed count: the refiner's), their stage-1 scores and labels, [the hit map]
+    args = (points, torch.arange(n, device=dev), boxes, torch.linspace(0.9, 0.1, rc.rois, device=dev),
+            torch.arange(rc.rois, device=dev) % cfg.num_classes)
+    if rc.visibility:
+        args += (torch.full((VIS_AZIMUTH_BINS,), 30.0, device=dev),
+                 torch.ones(VIS_AZIMUTH_BINS, dtype=torch.bool, device=dev))
+    shapes = ({0: n_points}, {0: n_points}) + (None,) * (len(args) - 2)
+    module = RefinePass(refiner.eval(), rc, cfg.num_classes, cfg.grid.intensity_scale).eval()
+    if prefix:
+        module = _Prefixed(prefix, module).eval()
+    program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+    return torch._inductor.aot_compile(program.module(), args,
+                                       options={"aot_inductor.package": True, "freezing": True})
 
 
 def _nms_part(dev: torch.device) -> list:
