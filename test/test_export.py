@@ -161,6 +161,18 @@ def test_a_cpu_package_holds_stage_2s_costly_parts(package):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
+def _cloud_and_candidates(rc, r: int, seed: int, height: float, size: tuple[float, float]):
+    """A 4000-point cloud (30 m x 30 m x ``height``) and ``r`` candidate boxes in it, sizes from ``size`` = (least,
+    spread) metres, of the classes ``rc`` refines, scores falling: (points, scores, labels, boxes)."""
+    torch.manual_seed(seed)
+    points = torch.rand(4000, 4) * torch.tensor([30.0, 30.0, height, 255.0]) - torch.tensor([0.0, 15.0, 1.0, 0.0])
+    boxes = torch.cat([torch.rand(r, 2) * 25 + torch.tensor([0.0, -12.0]), torch.zeros(r, 1),
+                       torch.rand(r, 3) * size[1] + size[0], torch.rand(r, 1) * 3], 1)
+    refined = torch.nonzero(torch.tensor(rc.refined))[:, 0]
+    scores, labels = torch.rand(r).sort(descending=True).values, refined[torch.randint(0, len(refined), (r,))]
+    return points, scores, labels, boxes
+
+
 def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
     """Format v3: a frame with ``rois`` candidates runs each refinement pass as one compiled call (`RefinePass`)
     with the values of the pass run from its parts; fewer candidates, another intensity scale or a failing part run
@@ -181,13 +193,8 @@ def test_a_cpu_package_runs_a_whole_refinement_pass_compiled(package):
     calls = []
     compiled_pass = stage2._pass
     stage2._pass = lambda *a: calls.append(len(a[0])) or compiled_pass(*a)
-    torch.manual_seed(5)
-    points = torch.rand(4000, 4) * torch.tensor([30.0, 30.0, 3.0, 255.0]) - torch.tensor([0.0, 15.0, 1.0, 0.0])
     r = rc.rois + 3
-    boxes = torch.cat([torch.rand(r, 2) * 25 + torch.tensor([0.0, -12.0]), torch.zeros(r, 1),
-                       torch.rand(r, 3) * 3 + 1, torch.rand(r, 1) * 3], 1)
-    refined = torch.nonzero(torch.tensor(rc.refined))[:, 0]
-    scores, labels = torch.rand(r).sort(descending=True).values, refined[torch.randint(0, len(refined), (r,))]
+    points, scores, labels, boxes = _cloud_and_candidates(rc, r, seed=5, height=3.0, size=(1.0, 3.0))
     scale = cfg.grid.intensity_scale
     want = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale)
     got = refine_candidates(net.refiner, rc, cfg.num_classes, points, scores, labels, boxes, scale, compiled=stage2)
@@ -238,13 +245,8 @@ def test_a_cpu_package_runs_refine_large_compiled(package):
     calls = []
     compiled_pass = large._pass
     large._pass = lambda *a: calls.append(len(a[2])) or compiled_pass(*a)
-    torch.manual_seed(6)
-    points = torch.rand(4000, 4) * torch.tensor([30.0, 30.0, 4.0, 255.0]) - torch.tensor([0.0, 15.0, 1.0, 0.0])
     r = rc.rois + 2
-    boxes = torch.cat([torch.rand(r, 2) * 25 + torch.tensor([0.0, -12.0]), torch.zeros(r, 1),
-                       torch.rand(r, 3) * 6 + 2, torch.rand(r, 1) * 3], 1)
-    refined = torch.nonzero(torch.tensor(rc.refined))[:, 0]
-    scores, labels = torch.rand(r).sort(descending=True).values, refined[torch.randint(0, len(refined), (r,))]
+    points, scores, labels, boxes = _cloud_and_candidates(rc, r, seed=6, height=4.0, size=(2.0, 6.0))
     scale = cfg.grid.intensity_scale
     for n in (r, 3):
         args = (points, scores[:n], labels[:n], boxes[:n], scale)

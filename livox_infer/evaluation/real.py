@@ -36,7 +36,9 @@ from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.detector.boxes import points_in_boxes
 from livox_infer.decode.pointfiles import read_points_file
-from livox_infer.evaluation.metrics import DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, range_bins
+from livox_infer.evaluation.metrics import (
+    DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, in_region, range_bins,
+)
 from livox_infer.evaluation.options import eval_region, parse_ranges
 from livox_infer.evaluation.simulated import scan_detector
 
@@ -204,10 +206,9 @@ def beyond_grid(views: Sequence[RealView], classes: Sequence[str], region: tuple
     for ci, cls in enumerate(classes):
         n = out = 0
         for v in views:
-            m = (v.gt.labels == ci) & ~v.gt_ignore
-            b = v.gt.boxes[m]
+            b = v.gt.boxes[(v.gt.labels == ci) & ~v.gt_ignore]
             n += len(b)
-            out += int((~((b[:, 0] >= x0) & (b[:, 0] < x1) & (b[:, 1] >= y0) & (b[:, 1] < y1))).sum())
+            out += int((~in_region(b, region)).sum())
         if n:
             parts.append(f"{cls} {out} of {n}")
     return (f"beyond the detection grid (x {x0:g}..{x1:g} m, y {y0:g}..{y1:g} m), out of reach but scored: "
