@@ -71,3 +71,27 @@ def test_train_flags_build_the_augment_and_reject_bad_shares():
     assert not train_mod.options_from_args(p.parse_args([])).sparse.enabled
     with pytest.raises(ConfigError, match="--part-dropout"):
         train_mod.options_from_args(p.parse_args(["--part-dropout", "1.5"]))
+
+
+def test_part_dropout_classes_leave_the_other_classes_whole():
+    ped_box = np.array([10.0, 5.0, -0.9, 0.7, 0.6, 1.7, 0.0], np.float32)
+    car, _ = _box_points(CAR_BOX)
+    ped, _ = _box_points(ped_box, n=800, seed=1)
+    pts, boxes, labels = np.r_[car, ped], np.stack([ped_box, CAR_BOX]), np.array([1, 0])  # the pedestrian box first
+    ped_in = np.abs(pts[:, 0] - ped_box[0]) < 1.0
+    for seed in range(10):
+        out = drop_object_parts(pts, boxes, labels, np.random.default_rng(seed), 1.0, classes=(0,))
+        assert len(out) < len(pts)  # the car loses a part
+        assert (np.abs(out[:, 0] - ped_box[0]) < 1.0).sum() == ped_in.sum()  # the pedestrian none
+    only_peds = drop_object_parts(car, CAR_BOX[None], np.array([0]), np.random.default_rng(0), 1.0, classes=(1,))
+    assert np.array_equal(only_peds, car)
+
+
+def test_part_dropout_classes_flag():
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    args = p.parse_args(["--part-dropout", "0.5", "--part-dropout-classes", "car, cyclist"])
+    assert train_mod.options_from_args(args).sparse == SparsifyAugment(part_prob=0.5, part_classes=(0, 2))
+    assert train_mod.options_from_args(p.parse_args(["--part-dropout", "0.5"])).sparse.part_classes is None
+    with pytest.raises(ConfigError, match="--part-dropout-classes"):
+        train_mod.options_from_args(p.parse_args(["--part-dropout", "0.5", "--part-dropout-classes", "tank"]))

@@ -3,7 +3,8 @@
 Measured 2026-12-03 (cars in the +-40 deg cone, median points per GT): real_dev 40-60 m 12, the simulated
 S1/S2 shards 26-28; real cars lose their glass (no return) and parts in shadow of other cars.
 ``range_prob``: share of frames thinned with range, keep probability min(1, (range_ref / r) ** range_power);
-``part_prob``: per object, chance to lose a part (car glass band, an occluded end, or a dark-paint thinning).
+``part_prob``: per object, chance to lose a part (car glass band, an occluded end, or a dark-paint thinning);
+``part_classes``: the classes (label indices) that may lose one (None: all).
 Off by default (both 0), and then no random number is drawn, so the augmentation stream is unchanged.
 """
 
@@ -22,6 +23,7 @@ class SparsifyAugment:
     range_ref: float = 30.0  # m
     range_power: float = 1.5
     part_prob: float = 0.0
+    part_classes: tuple[int, ...] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -43,12 +45,15 @@ def _local(points: np.ndarray, box: np.ndarray) -> np.ndarray:
 
 
 def drop_object_parts(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
-                      prob: float) -> np.ndarray:
+                      prob: float, classes: tuple[int, ...] | None = None) -> np.ndarray:
     """For each box with probability ``prob`` remove one part of its points: cars may lose the glass band
     (upper 35-50 % of the height); any object may lose one end (20-60 % of its length, as behind another
-    object) or be thinned to 25-70 % (dark paint, dark clothes)."""
+    object) or be thinned to 25-70 % (dark paint, dark clothes). ``classes``: only boxes of these labels (None: all;
+    the others draw no random number)."""
     drop = np.zeros(points.shape[0], bool)
     for box, label in zip(boxes, labels):
+        if classes is not None and int(label) not in classes:
+            continue
         if rng.random() >= prob:
             continue
         loc = _local(points, box)
@@ -74,7 +79,7 @@ def sparsify(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng: np.
     if not aug.enabled:
         return points
     if aug.part_prob > 0:
-        points = drop_object_parts(points, boxes, labels, rng, aug.part_prob)
+        points = drop_object_parts(points, boxes, labels, rng, aug.part_prob, aug.part_classes)
     if aug.range_prob > 0 and rng.random() < aug.range_prob:
         points = thin_with_range(points, rng, aug.range_ref, aug.range_power)
     return points

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError, LivoxInferError
 from livox_infer.detector.boxes import points_in_boxes
 from livox_infer.detector.config import ModelConfig
@@ -728,6 +729,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sparser than simulated ones; training/sparsify.py)")
     p.add_argument("--part-dropout", type=float, default=D.sparse.part_prob, metavar="P",
                    help="per object, chance to lose a part: car glass, an occluded end, dark-paint thinning")
+    p.add_argument("--part-dropout-classes", default=None, metavar="C[,C]",
+                   help="with --part-dropout: only objects of these classes lose parts (default: all). Real cars "
+                        "return about half the simulated points at the same range, real pedestrians about as many")
     p.add_argument("--real", default=None, metavar="DIR",
                    help="also train on the labelled real scans in DIR (livox-infer eval --real's layout), only those of "
                         "--real-sources: cross-validation by source, docs/training.md")
@@ -776,7 +780,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         paste_probability=args.paste_probability, neighbour_weight=args.neighbour_weight,
         corner_weight=args.corner_weight,
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
-        sparse=sparse_augment(args.range_thinning, args.part_dropout),
+        sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
         real=None if not args.real else RealTrainingSpec(
@@ -801,12 +805,21 @@ def parse_stack(value: Any) -> tuple[int, int] | None:
     return (nums[0], nums[-1])
 
 
-def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0) -> SparsifyAugment:
-    """--range-thinning / --part-dropout (shares in [0, 1])."""
+def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
+                   part_classes: str | None = None) -> SparsifyAugment:
+    """--range-thinning / --part-dropout (shares in [0, 1]) / --part-dropout-classes (class names, comma-separated)."""
     for name, value in (("range-thinning", range_thinning), ("part-dropout", part_dropout)):
         if not (0.0 <= value <= 1.0):
             raise ConfigError(f"--{name} must be in [0, 1]")
-    return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout))
+    classes = None
+    if part_classes is not None:
+        names = [x.strip() for x in str(part_classes).split(",") if x.strip()]
+        unknown = [n for n in names if n not in CLASS_NAMES]
+        if not names or unknown:
+            raise ConfigError(f"--part-dropout-classes: unknown or no class {unknown or part_classes!r} "
+                              f"(classes: {', '.join(CLASS_NAMES)})")
+        classes = tuple(sorted({CLASS_NAMES.index(n) for n in names}))
+    return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout), part_classes=classes)
 
 
 def trained_real_sources_of(weights: str | Path | None) -> tuple[str, ...]:
