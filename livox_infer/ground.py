@@ -15,6 +15,23 @@ import numpy as np
 import torch
 
 MAX_TILT_DEG = 15.0  # estimates tilted more than this are rejected as implausible
+# a configured sensor_height this far from the height the clouds show is reported (node diagnostics, detect CLI):
+# half a metre moves every box that much in z, beyond what the network was trained to tolerate (+-0.3 m)
+MOUNT_MISMATCH_M = 0.5
+
+
+def mount_mismatch(used_height: float, seen_height: float) -> float | None:
+    """seen - used (m) when the ground the clouds show lies more than `MOUNT_MISMATCH_M` from the height a frame was
+    levelled with, else None (also when nothing was seen: NaN)."""
+    diff = float(seen_height) - float(used_height)
+    return diff if abs(diff) > MOUNT_MISMATCH_M else None  # NaN compares False: None
+
+
+def mount_message(used_height: float, seen_height: float) -> str:
+    """What a user reads when `mount_mismatch` found one (the node's diagnostics and log)."""
+    return (f"sensor_height is {used_height:.2f} m but the clouds' ground lies {seen_height:.2f} m below the sensor: "
+            f"boxes are placed wrong in z and cars are missed; set sensor_height to {seen_height:.2f} or 'auto' "
+            "(docs/ground.md)")
 
 
 @dataclass(frozen=True)

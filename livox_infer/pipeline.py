@@ -76,6 +76,10 @@ class Detections:
     frame_id: str = ""
     sensor_height: float = float("nan")  # the value used for this frame (estimated in "auto" mode)
     sensor_tilt_deg: float = 0.0  # tilt of the ground plane used for this frame (0 = level)
+    # the ground's height below the sensor as the clouds show it (median of the last estimates, also where
+    # sensor_height is a fixed number and the tilt is estimated); NaN where nothing is estimated (height and tilt both
+    # fixed) or no cloud showed enough ground. Far from sensor_height: a wrong mount (`ground.mount_mismatch`)
+    ground_height_seen: float = float("nan")
     num_points: int = 0  # points that reached the voxelizer (after filters)
     points_over_budget: int = 0  # points dropped to keep the frame within max_points (0: within budget)
     # with ``candidate_score``: the boxes that scored in [candidate_score, their class's threshold) and survive the NMS
@@ -218,6 +222,7 @@ class DetectionPipeline:
         self._background_pending = False  # the network built eager, its background compile not started yet
         self.package_build_error: str | None = None  # why the background build gave no package
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
+        self._heights_seen: collections.deque[float] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
@@ -608,6 +613,7 @@ class DetectionPipeline:
             tilt = (pitch, roll)
         if sh != self._params.get("sensor_height") or tilt != self._params.get("sensor_tilt"):
             self._mount_history.clear()
+            self._heights_seen.clear()
         new["sensor_height"] = sh
         new["sensor_tilt"] = tilt
 
@@ -702,6 +708,7 @@ class DetectionPipeline:
         """Forget the ground estimates of earlier clouds ("auto" mode smooths over them): the next cloud
         is an independent scene (evaluation over unrelated scans, a new bag)."""
         self._mount_history.clear()
+        self._heights_seen.clear()
 
     def current_mount(self, points: np.ndarray) -> Mount:
         """The ground plane to level this cloud with (fixed, or estimated and median-smoothed)."""
@@ -714,13 +721,20 @@ class DetectionPipeline:
             est = estimate_mount(level_points(points, fixed), fit_tilt=False)
             if est is not None:
                 self._mount_history.append(Mount(est.height, fixed.up))
+                self._heights_seen.append(est.height)
         else:
             est = estimate_mount(points, fit_tilt=True)
             if est is not None:
                 self._mount_history.append(est if sh == "auto" else Mount(float(sh), est.up))
+                self._heights_seen.append(est.height)
         if self._mount_history:
             return median_mount(list(self._mount_history))
         return Mount(DEFAULT_SENSOR_HEIGHT if sh == "auto" else float(sh))
+
+    @property
+    def ground_height_seen(self) -> float:
+        """Median of the last ground estimates (`Detections.ground_height_seen`); NaN without one."""
+        return float(np.median(self._heights_seen)) if self._heights_seen else float("nan")
 
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
@@ -778,8 +792,8 @@ class DetectionPipeline:
             boxes=boxes_np, labels=labels_np, scores=scores_np,
             label_names=[self.cfg.classes[i] for i in labels_np], timings_ms=timings,
             class_names=tuple(self.cfg.classes), stamp_ns=cloud.stamp_ns, frame_id=cloud.frame_id,
-            sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, num_points=int(cloud.points.shape[0]),
-            points_over_budget=over_budget,
+            sensor_height=mount.height, sensor_tilt_deg=mount.tilt_deg, ground_height_seen=self.ground_height_seen,
+            num_points=int(cloud.points.shape[0]), points_over_budget=over_budget,
             **({} if candidates is None else dict(candidate_scores=candidates[0], candidate_labels=candidates[1],
                                                    candidate_boxes=candidates[2])),
         )

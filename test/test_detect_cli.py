@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
@@ -169,3 +170,16 @@ def test_a_bag_that_does_not_open_is_one_line_before_the_pipeline_is_built(tmp_p
     assert run([str(bag), "--out", str(tmp_path / "o.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"livox-infer detect: cannot open bag {bag}: "), err
+
+
+def test_a_sensor_height_far_from_the_clouds_ground_is_one_warning(small_model, tmp_path, capsys):  # noqa: F811
+    write_bin(tmp_path / "low.bin", scene_points(height=0.8, seed=3))  # a sensor 0.8 m above the ground
+    out = tmp_path / "det.jsonl"
+    base = [str(tmp_path / "low.bin"), "--out", str(out), "--model", str(small_model), "--no-compile"]
+    assert run(base + ["--sensor-height", "1.8"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"WARNING: 1 of 1 frames: sensor_height is 1\.80 m but the clouds' ground lies 0\.8\d m below", err), err
+    assert run(base + ["--sensor-height", "auto"]) == 0  # estimated: nothing to warn about
+    assert "WARNING" not in capsys.readouterr().err
+    assert run(base + ["--sensor-height", "1.1"]) == 0  # 0.3 m off: within what the network tolerates
+    assert "WARNING" not in capsys.readouterr().err

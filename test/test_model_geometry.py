@@ -174,3 +174,21 @@ def test_level_points_is_one_function_for_numpy_and_torch():
     assert isinstance(b, torch.Tensor) and b.shape == (500, 4)
     np.testing.assert_allclose(b.numpy(), a, atol=1e-5)
     assert np.array_equal(b[:, 3].numpy(), pts[:, 3]) and not np.shares_memory(a, pts)
+
+
+def test_the_pipeline_reports_the_ground_height_its_clouds_show():
+    from livox_infer.ground import mount_mismatch
+    from livox_infer.pipeline import DetectionPipeline
+
+    rng = np.random.default_rng(4)
+    pts = np.c_[rng.uniform(2, 30, 5000), rng.uniform(-10, 10, 5000), np.full(5000, -0.8) + rng.normal(0, 0.02, 5000),
+                np.zeros(5000)].astype(np.float32)
+    fixed = DetectionPipeline("lite", compile=False, sensor_height=1.8)  # tilt "auto": the plane is fitted anyway
+    d = fixed.detect(pts)
+    assert d.sensor_height == pytest.approx(1.8) and d.ground_height_seen == pytest.approx(0.8, abs=0.05)
+    assert mount_mismatch(d.sensor_height, d.ground_height_seen) == pytest.approx(-1.0, abs=0.05)
+    auto = DetectionPipeline("lite", compile=False, sensor_height="auto").detect(pts)
+    assert mount_mismatch(auto.sensor_height, auto.ground_height_seen) is None
+    both_fixed = DetectionPipeline("lite", compile=False, sensor_height=1.8, sensor_tilt=None).detect(pts)
+    assert math.isnan(both_fixed.ground_height_seen)  # nothing estimated: nothing to compare
+    assert mount_mismatch(1.8, float("nan")) is None and mount_mismatch(1.8, 1.4) is None

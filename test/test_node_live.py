@@ -369,3 +369,42 @@ def _run_live(argv: list[str], compiled: bool, managed: bool = False) -> None:
                 assert int(values["accumulated_compensated"]) >= 1, values
     finally:
         live.close()
+
+
+def test_a_wrong_sensor_height_is_named_in_the_diagnostics_and_the_log():
+    """`livox-infer run --sensor avia` (sensor_height 1.8 m) on clouds whose ground lies 0.8 m below the sensor (a
+    low mount): the node keeps detecting, counts the frames, and its diagnostics say WARN with both heights."""
+    from sensor_msgs.msg import PointCloud2
+    from vision_msgs.msg import Detection3DArray
+
+    name = unique("mount_det")
+    argv = ros_argv_for("livox-infer run --sensor avia") + [
+        "-p", "device:=cpu", "-p", "use_compile:=false", "-p", "threads:=1", "-p", "sensor_height:=1.8",
+        "-p", f"diagnostics_period:={DIAG_PERIOD_S}", "-r", f"__node:={name}"]
+    live = LiveNode(argv)
+    try:
+        node = live.node
+        pub = live.client.create_publisher(PointCloud2, node._values["input_topic"], 10)
+        dets = []  # a subscriber: a node without one skips its frames
+        live.client.create_subscription(Detection3DArray, f"{node.get_fully_qualified_name()}/detections",
+                                        dets.append, 50)
+        assert wait_for(lambda: pub.get_subscription_count() >= 1 and node._det_pub.get_subscription_count() >= 1), \
+            "discovery failed"
+        rng = np.random.default_rng(1)
+        stamp = 1_700_000_000_000_000_000
+        deadline = time.monotonic() + 90.0
+        while time.monotonic() < deadline and not live.errors and node.stats.ground_mismatch < 3:
+            stamp += 100_000_000
+            pts = _points(rng)
+            pts[:, 2] += 1.0  # the ground 0.8 m below the sensor
+            pub.publish(_message(False, pts, stamp, "livox_frame"))
+            time.sleep(0.1)
+        assert not live.errors, f"the node died: {live.errors[0]!r}"
+        status = node.diagnostics_status()
+        values = {kv.key: kv.value for kv in status.values}
+        assert int(values["frames_ground_mismatch"]) >= 3 and values["frames_failed"] == "0", values
+        assert dets  # still detecting
+        assert status.level == b"\x01", status.message  # WARN
+        assert "sensor_height is 1.80 m" in status.message and "0.8" in status.message, status.message
+    finally:
+        live.close()

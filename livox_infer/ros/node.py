@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError, WeightsError
 from livox_infer.decode.pointcloud import Cloud, check_pointcloud2
+from livox_infer.ground import mount_message, mount_mismatch
 from livox_infer.bags import pointcloud2_from_cdr
 from livox_infer.threads import apply_threads
 from livox_infer import params as param_model
@@ -100,6 +101,10 @@ class NodeStats:
     empty: int = 0  # clouds with no points (published as empty detection arrays)
     failed: int = 0  # unexpected pipeline errors
     over_budget: int = 0  # clouds thinned to max_points (processed, but not all points used)
+    ground_mismatch: int = 0  # frames levelled with a sensor_height far from the ground their cloud shows
+    # (sensor_height used, ground height seen) of the last processed frame when they disagree (ground.mount_mismatch),
+    # None when they agree or nothing was seen
+    mount_mismatch: tuple[float, float] | None = None
     skipped_no_subscribers: int = 0
     odometry_rejected: int = 0  # nav_msgs/Odometry with a non-finite position or no quaternion (not used)
     tf_failed: int = 0  # TF lookups that failed (output_frame, TF extrinsics, TF poses): the frame went out empty
@@ -119,7 +124,8 @@ class NodeStats:
         with self.lock:
             d = {k: getattr(self, k) for k in ("received", "processed", "dropped", "rejected", "empty", "failed",
                                                "over_budget", "skipped_no_subscribers", "odometry_rejected",
-                                               "tf_failed", "skipped_inactive", "last_error")}
+                                               "tf_failed", "skipped_inactive", "last_error", "ground_mismatch",
+                                               "mount_mismatch")}
             d["latency_ms"] = {k: list(v) for k, v in self.latency_ms.items()}
         return d
 
@@ -520,6 +526,8 @@ class DetectorNode(Node):
             dets = _EmptyDetections()
         detect_ms = (time.monotonic() - started) * 1e3
         self._count_over_budget(dets)
+        if succeeded:
+            self._check_mount(dets)
 
         if header is None:  # a Cloud from a CustomMsg
             out = ros_msgs.detections_to_msg(dets, stamp_ns=msg.stamp_ns, frame_id=frame_override or msg.frame_id)
@@ -606,6 +614,18 @@ class DetectorNode(Node):
             self.get_logger().warning(
                 f"cloud over the point budget: {thinned} points dropped to keep max_points="
                 f"{self._values['max_points']}", throttle_duration_sec=WARN_THROTTLE_S)
+
+    def _check_mount(self, dets) -> None:
+        """Count and warn (throttled) when the frame was levelled with a sensor_height far from the ground its cloud
+        shows: every box is then off in z and the network misses cars (docs/ground.md)."""
+        used, seen = float(getattr(dets, "sensor_height", float("nan"))), float(getattr(dets, "ground_height_seen",
+                                                                                         float("nan")))
+        wrong = mount_mismatch(used, seen) is not None
+        with self.stats.lock:
+            self.stats.mount_mismatch = (used, seen) if wrong else None
+            self.stats.ground_mismatch += int(wrong)
+        if wrong:
+            self.get_logger().warning(mount_message(used, seen), throttle_duration_sec=6 * WARN_THROTTLE_S)
 
     # ------------------------------------------------------------------ TF
     def _make_tf(self):
@@ -709,7 +729,7 @@ class DetectorNode(Node):
         }
         values.update(self._tracking.diagnostics())
         for k in ("received", "processed", "dropped", "rejected", "empty", "failed", "over_budget",
-                  "skipped_no_subscribers"):
+                  "skipped_no_subscribers", "ground_mismatch"):
             values[f"frames_{k}"] = snap[k]
         for stage, samples in sorted(snap["latency_ms"].items()):
             mean, p50, p99 = ros_msgs.percentile_summary(samples)
@@ -746,6 +766,8 @@ class DetectorNode(Node):
                                       f"(last: {snap['last_error']})")
         elif snap["odometry_rejected"]:
             level, message = "warn", f"{snap['odometry_rejected']} odometry messages rejected (last: {snap['last_error']})"
+        elif snap["mount_mismatch"] is not None:
+            level, message = "warn", mount_message(*snap["mount_mismatch"])
         elif compile_error:
             level, message = "warn", f"torch.compile failed, running eagerly: {compile_error}"
         elif not self._active:

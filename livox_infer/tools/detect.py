@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from livox_infer.errors import ConfigError, LivoxInferError, PointCloudError
+from livox_infer.ground import mount_message, mount_mismatch
 from livox_infer.params import BY_NAME, DEFAULTS, add_cli_options
 from livox_infer.tools.bev_plot import save_bev_png
 from livox_infer.tools.detect_io import build_pipeline, detection_row, is_bag, iter_frames, track_frame, write_annotated
@@ -147,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stdout if args.out == "-" else open(args.out, "w")
         n = 0
         latencies = []
+        mismatched, last_mount = 0, None  # frames levelled far from the ground their clouds show (ground.py)
         # tracking needs time: bags (one tracker per topic); point files are numbered, not stamped
         track = bool(args.tracking) and not args.rig and all(is_bag(Path(i)) for i in args.input)
         if track:  # the tracker's second association takes the boxes scoring just below the thresholds (as the node)
@@ -174,6 +176,8 @@ def main(args: argparse.Namespace) -> int:
             if track:
                 track_frame(trackers, source, det, cloud.stamp_ns, pipe.cfg.classes, pose)
             latencies.append(det.timings_ms["total"])
+            if mount_mismatch(det.sensor_height, det.ground_height_seen) is not None:
+                mismatched, last_mount = mismatched + 1, (det.sensor_height, det.ground_height_seen)
             out.write(json.dumps(detection_row(source, cloud, det)) + "\n")
             if bev_dir:
                 save_bev_png(bev_dir / f"frame_{n:06d}.png", cloud.points, det.boxes, det.label_names, det.scores,
@@ -186,6 +190,9 @@ def main(args: argparse.Namespace) -> int:
         lat = np.asarray(latencies)
         print(f"{n} frames, latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms",
               file=sys.stderr)
+        if mismatched:
+            print(f"livox-infer detect: WARNING: {mismatched} of {n} frames: {mount_message(*last_mount)} "
+                  "(--sensor-height)", file=sys.stderr)
         done = True
         return 0
     except (LivoxInferError, ConfigError) as exc:
