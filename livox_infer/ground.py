@@ -27,11 +27,13 @@ def mount_mismatch(used_height: float, seen_height: float) -> float | None:
     return diff if abs(diff) > MOUNT_MISMATCH_M else None  # NaN compares False: None
 
 
-def mount_message(used_height: float, seen_height: float) -> str:
-    """What a user reads when `mount_mismatch` found one (the node's diagnostics and log)."""
+def mount_message(used_height: float, seen_height: float, node: bool = True) -> str:
+    """What a user reads when `mount_mismatch` found one: the node's diagnostics and log (``node``: its parameters
+    name the remedy) or `livox-infer detect` (its flag)."""
+    fix = (f"set sensor_height to {seen_height:.2f} or estimate_ground to true" if node else
+           f"pass --sensor-height {seen_height:.2f} or auto")
     return (f"sensor_height is {used_height:.2f} m but the clouds' ground lies {seen_height:.2f} m below the sensor: "
-            f"boxes are placed wrong in z and cars are missed; set sensor_height to {seen_height:.2f} or 'auto' "
-            "(docs/ground.md)")
+            f"boxes are placed wrong in z and cars are missed; {fix} (docs/ground.md)")
 
 
 @dataclass(frozen=True)

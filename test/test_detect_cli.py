@@ -179,6 +179,7 @@ def test_a_sensor_height_far_from_the_clouds_ground_is_one_warning(small_model, 
     assert run(base + ["--sensor-height", "1.8"]) == 0
     err = capsys.readouterr().err
     assert re.search(r"WARNING: 1 of 1 frames: sensor_height is 1\.80 m but the clouds' ground lies 0\.8\d m below", err), err
+    assert re.search(r"pass --sensor-height 0\.8\d or auto", err), err
     assert run(base + ["--sensor-height", "auto"]) == 0  # estimated: nothing to warn about
     assert "WARNING" not in capsys.readouterr().err
     assert run(base + ["--sensor-height", "1.1"]) == 0  # 0.3 m off: within what the network tolerates

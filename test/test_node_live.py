@@ -405,6 +405,7 @@ def test_a_wrong_sensor_height_is_named_in_the_diagnostics_and_the_log():
         assert int(values["frames_ground_mismatch"]) >= 3 and values["frames_failed"] == "0", values
         assert dets  # still detecting
         assert status.level == b"\x01", status.message  # WARN
-        assert "sensor_height is 1.80 m" in status.message and "0.8" in status.message, status.message
+        assert "sensor_height is 1.80 m" in status.message and "estimate_ground to true" in status.message, \
+            status.message
     finally:
         live.close()

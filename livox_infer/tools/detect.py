@@ -191,8 +191,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{n} frames, latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms",
               file=sys.stderr)
         if mismatched:
-            print(f"livox-infer detect: WARNING: {mismatched} of {n} frames: {mount_message(*last_mount)} "
-                  "(--sensor-height)", file=sys.stderr)
+            print(f"livox-infer detect: WARNING: {mismatched} of {n} frames: {mount_message(*last_mount, node=False)}",
+                  file=sys.stderr)
         done = True
         return 0
     except (LivoxInferError, ConfigError) as exc:
