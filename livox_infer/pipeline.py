@@ -221,8 +221,8 @@ class DetectionPipeline:
         self._background: _BackgroundCompile | None = None  # torch.compile running in a thread (compile_in_background)
         self._background_pending = False  # the network built eager, its background compile not started yet
         self.package_build_error: str | None = None  # why the background build gave no package
+        # the last ground estimates (estimated heights also where sensor_height is fixed: `ground_height_seen`)
         self._mount_history: collections.deque[Mount] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
-        self._heights_seen: collections.deque[float] = collections.deque(maxlen=AUTO_HEIGHT_WINDOW)
         self._build_network()
         self.update(
             sensor_height=sensor_height, sensor_tilt=sensor_tilt, intensity_scale=intensity_scale, score_thresholds=score_thresholds,
@@ -613,7 +613,6 @@ class DetectionPipeline:
             tilt = (pitch, roll)
         if sh != self._params.get("sensor_height") or tilt != self._params.get("sensor_tilt"):
             self._mount_history.clear()
-            self._heights_seen.clear()
         new["sensor_height"] = sh
         new["sensor_tilt"] = tilt
 
@@ -708,7 +707,6 @@ class DetectionPipeline:
         """Forget the ground estimates of earlier clouds ("auto" mode smooths over them): the next cloud
         is an independent scene (evaluation over unrelated scans, a new bag)."""
         self._mount_history.clear()
-        self._heights_seen.clear()
 
     def current_mount(self, points: np.ndarray) -> Mount:
         """The ground plane to level this cloud with (fixed, or estimated and median-smoothed)."""
@@ -721,20 +719,19 @@ class DetectionPipeline:
             est = estimate_mount(level_points(points, fixed), fit_tilt=False)
             if est is not None:
                 self._mount_history.append(Mount(est.height, fixed.up))
-                self._heights_seen.append(est.height)
         else:
             est = estimate_mount(points, fit_tilt=True)
             if est is not None:
-                self._mount_history.append(est if sh == "auto" else Mount(float(sh), est.up))
-                self._heights_seen.append(est.height)
-        if self._mount_history:
-            return median_mount(list(self._mount_history))
+                self._mount_history.append(est)
+        if self._mount_history:  # (median per component: a fixed height replaces the estimated ones' median)
+            smoothed = median_mount(list(self._mount_history))
+            return smoothed if sh == "auto" else Mount(float(sh), smoothed.up)
         return Mount(DEFAULT_SENSOR_HEIGHT if sh == "auto" else float(sh))
 
     @property
     def ground_height_seen(self) -> float:
         """Median of the last ground estimates (`Detections.ground_height_seen`); NaN without one."""
-        return float(np.median(self._heights_seen)) if self._heights_seen else float("nan")
+        return float(np.median([m.height for m in self._mount_history])) if self._mount_history else float("nan")
 
     @torch.no_grad()
     def detect(self, x: Any) -> Detections:
