@@ -30,7 +30,7 @@ def test_eval_sim_with_moving_sensor_writes_json(tmp_path, capsys):
 
 def test_eval_sim_stage_one_alone(tmp_path):
     """--no-refine evaluates the detector without its stage-2 refiner: other scores, recorded in the JSON."""
-    args = ["eval", "--sim-frames", "1", "--sensors", "avia", "--seed", "2", "--no-compile", "--out"]
+    args = ["eval", "--sim-frames", "2", "--sensors", "avia", "--seed", "2", "--no-compile", "--out"]
     assert cli_main([*args, str(tmp_path / "both.json")]) == 0
     assert cli_main([*args, str(tmp_path / "one.json"), "--no-refine"]) == 0
     both, one = (json.loads((tmp_path / f).read_text()) for f in ("both.json", "one.json"))

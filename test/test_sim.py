@@ -104,8 +104,12 @@ def test_box_sizes_are_kitti_like():
                 dims[int(label)].append(box[3:6])
     truck, bus = (np.array(dims[k]) for k in (TRUCK, BUS))
     assert len(truck) >= 2 and len(bus) >= 2
-    assert np.all((truck[:, 0] > 6.5) & (truck[:, 0] < 9.8) & (truck[:, 2] > 3.0) & (truck[:, 2] < 3.9))
-    assert np.all((bus[:, 0] > 10.0) & (bus[:, 0] < 12.8) & (bus[:, 2] > 2.9) & (bus[:, 2] < 3.4))
+    # box trucks and flatbeds 6.5-9.5 m, tractor-trailers 15-16.8 m; city buses and coaches 10-13.8 m, articulated
+    # buses 17.5-18.7 m (labels: the parts' extent + 0.1 m)
+    assert np.all((((truck[:, 0] > 6.5) & (truck[:, 0] < 9.8)) | ((truck[:, 0] > 15.0) & (truck[:, 0] < 17.1)))
+                  & (truck[:, 2] > 2.8) & (truck[:, 2] < 4.4))
+    assert np.all((((bus[:, 0] > 10.0) & (bus[:, 0] < 14.1)) | ((bus[:, 0] > 17.5) & (bus[:, 0] < 19.0)))
+                  & (bus[:, 2] > 2.9) & (bus[:, 2] < 4.0))
     assert np.all((np.r_[truck[:, 1], bus[:, 1]] > 2.3) & (np.r_[truck[:, 1], bus[:, 1]] < 2.9))
     car, ped, cyc = (np.median(np.array(dims[k]), 0) for k in (CAR, PEDESTRIAN, CYCLIST))
     assert 3.5 < car[0] < 4.5 and 1.55 < car[1] < 1.95 and 1.35 < car[2] < 1.75
@@ -544,6 +548,40 @@ def test_vehicles_in_one_lane_do_not_drive_through_each_other(monkeypatch):
         for a, b in zip(f.objects, g.objects):
             assert np.array_equal(a.position, b.position) and a.yaw == b.yaw
             assert np.linalg.norm(a.velocity) <= np.linalg.norm(b.velocity) + 1e-9  # only slowed
+
+
+def test_trucks_and_buses_come_in_the_body_styles_of_real_roads():
+    """Box trucks, tractor-trailers (a low cab before a 4 m trailer) and flatbeds (a deck at ~1.2 m under the cab's
+    roof); city buses, coaches (taller) and articulated buses (two bodies): a truck / bus decision cannot lean on
+    length alone, and the drawing of a box truck or city bus is the one earlier simulator versions made."""
+    from livox_infer.sim.scene import _footprint, build_large_vehicle, parts_extent
+
+    sizes = {TRUCK: [], BUS: []}
+    for seed in range(300):
+        label, parts = build_large_vehicle(np.random.default_rng(seed))
+        ext = parts_extent(parts, np.eye(3))
+        sizes[label].append((_footprint(parts)[0], float((parts.center + ext).max(0)[2])))
+    truck, bus = np.array(sizes[TRUCK]), np.array(sizes[BUS])
+    semi = truck[:, 0] > 14
+    assert 0.2 < semi.mean() < 0.4 and np.all(truck[semi, 1] > 3.8)  # tractor-trailers: long and 4 m high
+    flat = (truck[:, 0] < 10) & (truck[:, 1] < 3.05)  # a flatbed's highest part is its cab
+    assert 0.1 < flat.mean() < 0.3
+    articulated = bus[:, 0] > 17
+    coach = (bus[:, 0] < 14) & (bus[:, 1] > 3.35)
+    assert 0.1 < articulated.mean() < 0.3 and 0.1 < coach.mean() < 0.3
+    # the scene's stream: a box truck's draws are what they were (its length the fifth draw), its style drawn aside
+    checked = 0
+    for seed in range(20):
+        r = np.random.default_rng(seed)
+        r.uniform(0.45, 0.55), r.uniform(2.3, 2.55)
+        paint = r.uniform(0.1, 0.6)
+        r.random()
+        length = r.uniform(6.5, 9.5)
+        if np.random.default_rng(int(paint * 2 ** 32)).random() < 0.5:  # a box truck
+            parts = build_large_vehicle(np.random.default_rng(seed), "truck")[1]
+            assert _footprint(parts)[0] == pytest.approx(length, abs=1e-6)
+            checked += 1
+    assert checked >= 5
 
 
 def test_large_vehicles_option_scales_the_trucks_and_buses_in_the_lanes():

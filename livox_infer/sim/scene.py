@@ -402,33 +402,85 @@ def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
 
 
 def build_large_vehicle(rng: np.random.Generator, kind: str | None = None) -> tuple[int, Primitives]:
-    """A truck (box truck: cab + cargo box) or a bus (one long body with a window band), big wheels; ``kind``
-    "truck" / "bus" or None (either, evenly). Returns (label, parts in the object frame). The random draws are
-    the ones the unlabelled large vehicles of earlier simulator versions made, so seeded scenes keep them."""
+    """A truck or a bus, big wheels; ``kind`` "truck" / "bus" or None (either, evenly). Trucks: a box truck (cab +
+    cargo box, half of them), a tractor-trailer (a low cab and a 4 m high trailer, 15-16.8 m in all, 3 in 10) or a
+    flatbed (cab + a deck at 1.2 m, bare or with a load, 2 in 10). Buses: a city bus (one long body with a window
+    band, 6 in 10), an articulated bus (two bodies and a joint, 17.5-18.7 m, 2 in 10) or a coach (3.4-3.8 m high,
+    12-13.8 m, 2 in 10). Returns (label, parts in the object frame). The scene's stream ``rng`` makes the draws the
+    unlabelled large vehicles of earlier simulator versions made (so seeded scenes keep their box trucks and city
+    buses); the body style and its sizes come from a stream of its own, seeded by the paint draw."""
     wheel_r = float(rng.uniform(0.45, 0.55))
     w = float(rng.uniform(2.3, 2.55))
     paint = float(rng.uniform(0.1, 0.6))
     u = rng.random()
     truck = u < 0.5 if kind is None else kind == "truck"
+    style = np.random.default_rng(int(paint * 2 ** 32))
+    v = float(style.random())
     b = PrimitiveBuilder()
     if truck:
         length = float(rng.uniform(6.5, 9.5))
         cab = 2.2
         h = float(rng.uniform(3.0, 3.8))
-        b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
-        b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
-              hit_prob=0.35)
-        cargo = length - cab - 0.2
-        b.add(BOX, (-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
-              (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), reflect=float(rng.uniform(0.3, 0.7)))
-        axles = (length / 2 - 1.3, -length / 2 + 1.6)
+        cargo_reflect = float(rng.uniform(0.3, 0.7))
+        if v < 0.5:  # box truck
+            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
+            b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
+                  hit_prob=0.35)
+            cargo = length - cab - 0.2
+            b.add(BOX, (-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
+                  (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), reflect=cargo_reflect)
+            axles = (length / 2 - 1.3, -length / 2 + 1.6)
+        elif v < 0.8:  # tractor-trailer: the trailer's front rides over the tractor's rear axle
+            length = float(style.uniform(15.0, 16.8))
+            cab = float(style.uniform(2.2, 2.6))
+            top = float(style.uniform(3.8, 4.1))
+            deck = float(style.uniform(1.1, 1.3))
+            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.25), (cab / 2, w / 2 - 0.1, 1.25), reflect=paint)
+            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.9), (cab / 2 + 0.02, w / 2 - 0.25, 0.4), reflect=0.08,
+                  hit_prob=0.35)
+            b.add(BOX, (length / 2 - cab - 1.2, 0, wheel_r + 0.25), (1.2, 0.45, 0.15), reflect=0.1)  # chassis
+            trailer = length - cab - 0.6
+            b.add(BOX, (-length / 2 + trailer / 2, 0, (deck + top) / 2), (trailer / 2, w / 2, (top - deck) / 2),
+                  reflect=cargo_reflect)
+            axles = (length / 2 - 1.4, length / 2 - cab - 1.6, -length / 2 + 1.3, -length / 2 + 2.6)
+        else:  # flatbed: cab, a low deck, a load on most
+            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
+            b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
+                  hit_prob=0.35)
+            deck_len = length - cab - 0.2
+            deck = wheel_r + 0.7
+            b.add(BOX, (-length / 2 + deck_len / 2, 0, deck), (deck_len / 2, w / 2, 0.12), reflect=cargo_reflect)
+            if style.random() < 0.7:
+                load = float(style.uniform(0.3, 0.9)) * deck_len
+                load_h = float(style.uniform(0.5, 1.8))
+                at = -length / 2 + float(style.uniform(0.1, deck_len - load - 0.1 + 1e-6)) + load / 2
+                b.add(BOX, (at, 0, deck + 0.12 + load_h / 2), (load / 2, w / 2 - 0.15, load_h / 2),
+                      reflect=float(style.uniform(0.1, 0.7)))
+            axles = (length / 2 - 1.3, -length / 2 + 1.6)
     else:
         length = float(rng.uniform(10.0, 12.5))
         h = float(rng.uniform(2.9, 3.3))
-        b.add(BOX, (0, 0, 0.35 + (h - 0.35) / 2), (length / 2, w / 2, (h - 0.35) / 2), reflect=paint)
+        band = 1.9  # window band centre above the ground
+        if v < 0.2:  # articulated: two bodies, a dark joint between them
+            length = float(style.uniform(17.5, 18.7))
+            front = length * 0.58
+            rear = length - front - 0.7
+            b.add(BOX, (length / 2 - front / 2, 0, 0.35 + (h - 0.35) / 2), (front / 2, w / 2, (h - 0.35) / 2),
+                  reflect=paint)
+            b.add(BOX, (-length / 2 + rear / 2, 0, 0.35 + (h - 0.35) / 2), (rear / 2, w / 2, (h - 0.35) / 2),
+                  reflect=paint)
+            b.add(BOX, (length / 2 - front - 0.35, 0, 0.5 + (h - 0.6) / 2), (0.35, w / 2 - 0.15, (h - 0.6) / 2),
+                  reflect=0.05)
+            axles = (length / 2 - 2.5, length / 2 - front + 1.0, -length / 2 + 2.2)
+        else:
+            if v < 0.4:  # coach: taller, longer, the windows higher
+                length = float(style.uniform(12.0, 13.8))
+                h = float(style.uniform(3.4, 3.8))
+                band = h - 1.1
+            b.add(BOX, (0, 0, 0.35 + (h - 0.35) / 2), (length / 2, w / 2, (h - 0.35) / 2), reflect=paint)
+            axles = (length / 2 - 2.5, -length / 2 + 3.0)
         for side in (-1, 1):  # window band
-            b.add(BOX, (0, side * (w / 2 + 0.01), 1.9), (length / 2 - 0.8, 0.02, 0.5), reflect=0.08, hit_prob=0.4)
-        axles = (length / 2 - 2.5, -length / 2 + 3.0)
+            b.add(BOX, (0, side * (w / 2 + 0.01), band), (length / 2 - 0.8, 0.02, 0.5), reflect=0.08, hit_prob=0.4)
     for ax in axles:
         for side in (-1, 1):
             b.add(CYLINDER, (ax, side * (w / 2 - 0.25), wheel_r), (wheel_r, wheel_r, 0.15), rot_x(np.pi / 2),
@@ -579,6 +631,12 @@ def _footprint(parts: Primitives) -> tuple[float, float]:
     ext = parts_extent(parts, np.eye(3))
     lo, hi = (parts.center - ext).min(0), (parts.center + ext).max(0)
     return float(hi[0] - lo[0]), float(hi[1] - lo[1])
+
+
+def _fits(placer: _Placer, x: float, y: float, yaw: float, parts: Primitives) -> bool:
+    """Whether a large vehicle longer than the 12.5 m its place was checked for still fits there."""
+    length, width = _footprint(parts)
+    return length <= 12.6 or placer.free_long(x, y, yaw, length, width)
 
 
 def _object_radius(parts: Primitives) -> float:
@@ -779,6 +837,8 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         yaw = 0.0 if side < 0 else np.pi
         if not in_cross(x) and placer.free_long(x, y, yaw, 12.5, 2.55):
             label, parts = build_large_vehicle(rng)
+            if not _fits(placer, x, y, yaw, parts):
+                continue
             objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw, np.zeros(2),
                                        oid))
             placer.take_long(x, y, yaw, *_footprint(parts))
@@ -797,6 +857,8 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if abs(y - ego_y) < lane_w / 2 and x > 0:
             speed = float(ego_speed) if moving else 0.0  # same lane ahead: keeps its gap to the ego
         label, parts = build_large_vehicle(g)
+        if not _fits(placer, x, y, yaw, parts):
+            continue
         objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw,
                                    speed * np.array([np.cos(yaw), np.sin(yaw)]), oid))
         placer.take_long(x, y, yaw, *_footprint(parts))
@@ -992,6 +1054,8 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=
         if placer.free(x, y, 6.5):
             yaw = float(rng.uniform(-np.pi, np.pi))
             label, parts = build_large_vehicle(rng)
+            if not _fits(placer, x, y, yaw, parts):
+                continue
             large.append((label, parts, x, y, yaw))
             placer.take_long(x, y, yaw, *_footprint(parts))
 
