@@ -761,7 +761,8 @@ class DetectionPipeline:
         p = self._params
         if self._stage2 is not None and p["refine"]:
             points = stage2_points(levelled, ages, self.grid.age_channel_s is not None)  # the newest frame
-            scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale)
+            scores, labels, boxes = self._stage2.refine(points, scores, labels, boxes, self.grid.intensity_scale,
+                                                        sensor_height=mount.height)
             self._sync()
         t_refine = time.perf_counter()
         if self._calibration is not None:  # scores -> share of such boxes that are right (detector/calibration.py)

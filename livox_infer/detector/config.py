@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from livox_infer.detector.calibration import parse_calibration
+from livox_infer.detector.vehicle_class import VehicleClassConfig, parse_vehicle_classifier
 
 from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
@@ -94,6 +95,8 @@ class ModelConfig:
     # a second stage-2 refiner with weights of its own for the classes it lists (trucks and buses: a refiner trained
     # beside the cars' lost the cars); its classes must be ones `refine` leaves alone
     refine_large: RefineConfig | None = None
+    # truck or bus from the side view of each such candidate's points (vehicle_class.py)
+    vehicle_classifier: VehicleClassConfig | None = None
     # per class [[raw, calibrated], ...] knots or None (detector/calibration.py); not part of the architecture
     score_calibration: tuple | None = None
     # false: the pipeline zeroes every point's intensity before voxelizing and refining. Intensity scales and
@@ -166,6 +169,7 @@ class ModelConfig:
             **({"iou_head": True} if self.iou_head else {}),
             **({"refine": self.refine.architecture()} if self.refine else {}),
             **({"refine_large": self.refine_large.architecture()} if self.refine_large else {}),
+            **({"vehicle_classifier": self.vehicle_classifier.architecture()} if self.vehicle_classifier else {}),
         }
 
     def architecture_hash(self) -> str:
@@ -180,7 +184,7 @@ class ModelConfig:
         d = dict(data)
         known = {
             "name", "grid", "classes", "backbone", "head", "score_thresholds", "iou_score_alpha", "nms", "weights",
-            "description", "refine", "refine_large", "use_intensity", "score_calibration",
+            "description", "refine", "refine_large", "use_intensity", "score_calibration", "vehicle_classifier",
         }
         unknown = sorted(set(d) - known)
         if unknown:
@@ -283,6 +287,7 @@ class ModelConfig:
             iou_score_alpha=iou_alpha,
             refine=refine,
             refine_large=refine_large,
+            vehicle_classifier=parse_vehicle_classifier(d.get("vehicle_classifier"), classes, source),
             use_intensity=use_intensity,
             score_calibration=parse_calibration(d.get("score_calibration"), classes, source),
             weights=str(d.get("weights", "")),
@@ -358,6 +363,7 @@ class ModelConfig:
                     **({} if self.cross_class_iou is None else {"cross_class_iou": self.cross_class_iou})},
             **({"refine": self._refine_dict(self.refine)} if self.refine else {}),
             **({"refine_large": self._refine_dict(self.refine_large)} if self.refine_large else {}),
+            **({"vehicle_classifier": self.vehicle_classifier.to_dict()} if self.vehicle_classifier else {}),
             **({} if self.use_intensity else {"use_intensity": False}),
             **({"score_calibration": {c: [list(k) for k in knots] for c, knots in zip(self.classes, self.score_calibration)
                                       if knots is not None}} if self.score_calibration else {}),

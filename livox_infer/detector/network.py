@@ -14,7 +14,8 @@ from livox_infer.detector.backbone import Backbone
 from livox_infer.detector.config import ModelConfig
 from livox_infer.detector.head import CenterHead
 from livox_infer.detector.neck import Neck
-from livox_infer.detector.refine import PointCells, RoiRefiner, refine_candidates
+from livox_infer.detector.refine import PointCells, RoiRefiner, _near_any_box, refine_candidates
+from livox_infer.detector.vehicle_class import VehicleClassifier, relabel_vehicles
 
 # Weights saved before the backbone / neck / head split name their tensors without the module prefix.
 LEGACY_PREFIXES = (
@@ -45,23 +46,34 @@ class BevDetector(nn.Module):
         self.head = CenterHead(cfg)
         self.refiner = RoiRefiner(cfg.refine, cfg.num_classes) if cfg.refine else None
         self.refiner_large = RoiRefiner(cfg.refine_large, cfg.num_classes) if cfg.refine_large else None
+        self.vehicle_classifier = VehicleClassifier(cfg.vehicle_classifier) if cfg.vehicle_classifier else None
 
     def forward(self, bev: torch.Tensor) -> dict[str, torch.Tensor]:
         """Stage 1: BEV grid (B, C, H, W) -> head maps (see `livox_infer.detector.head`)."""
         return self.head(self.neck(self.backbone(bev)))
 
     def refine(self, points: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
-               intensity_scale: float, passes: int | None = None):
+               intensity_scale: float, passes: int | None = None, sensor_height: float | None = None):
         """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`): the refiner for its
         classes, then ``refiner_large`` (its own passes; compiled from a package, else eager) for its classes; the
-        others pass both unchanged."""
-        # the cloud's coarse cells, built once for both refiners (0.6 ms a 24k-point frame)
-        cells = PointCells(points.float()) if self.refiner_large is not None else None
+        others pass both unchanged. Then the ``vehicle_classifier`` (eager) picks truck or bus for those
+        candidates (`vehicle_class.relabel_vehicles`; ``sensor_height``: the sensor's height over the levelled
+        frame's origin, which tells it how high the sensor sees); boxes and scores stay."""
+        # the cloud's coarse cells, built once for both refiners and the classifier (0.6 ms a 24k-point frame)
+        shared = self.refiner_large is not None or self.vehicle_classifier is not None
+        cells = PointCells(points.float()) if shared else None
         out = refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
                                 intensity_scale, passes=passes, compiled=self.compiled_refiner, cells=cells)
         if self.refiner_large is not None:
             out = refine_candidates(self.refiner_large, self.cfg.refine_large, self.cfg.num_classes, points, *out,
                                     intensity_scale, compiled=self.compiled_refiner_large, cells=cells)
+        if self.vehicle_classifier is not None:
+            s, l, b = out
+            margin = self.cfg.vehicle_classifier.margin
+            l = relabel_vehicles(self.vehicle_classifier, self.cfg.classes, points, l, b,
+                                 near=lambda sel: _near_any_box(points, sel, margin, cells=cells),
+                                 sensor_height=sensor_height)
+            out = (s, l, b)
         return out
 
     compiled_refiner = None  # refine.CompiledRefiner once the pipeline compiles stage 2 (`compile_refiner`), or aoti.PackageStage2

@@ -167,7 +167,7 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
 
 
 REFINER_FIRST_HIDDEN = "refiner.head.0.weight"  # the refiner's first hidden layer: [point features | context]
-GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine", "refine_large")
+GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine", "refine_large", "vehicle_classifier")
 
 
 def _core_architecture(arch: dict) -> dict:
@@ -191,6 +191,7 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     names of the tensors that were grown or added; any other difference raises `WeightsError`."""
     from livox_infer.detector.backbone import ResidualBlock
     from livox_infer.detector.refine import RoiRefiner
+    from livox_infer.detector.vehicle_class import VehicleClassifier
     from livox_infer.voxelize.grid import GridConfig
 
     path = Path(path)
@@ -225,14 +226,15 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     raw = _read_state(path, map_location)
     state = upgrade_state_keys(raw)
     own = model.state_dict()
-    new_blocks = tuple(name + "." for name, m in model.named_modules() if isinstance(m, (ResidualBlock, RoiRefiner)))
+    new_blocks = tuple(name + "." for name, m in model.named_modules()
+                       if isinstance(m, (ResidualBlock, RoiRefiner, VehicleClassifier)))
     missing = sorted(k for k in set(own) - set(state) if not k.startswith(new_blocks))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise WeightsError(f"{path} does not match the network of {cfg.source or cfg.name}: missing "
                            f"{missing[:5]}, unexpected {unexpected[:5]}")
     _check_values(raw, path, meta, require_hash=False)
-    added = sorted(set(own) - set(state))  # residual blocks (identity init) or a refiner (fresh) the file lacks
+    added = sorted(set(own) - set(state))  # residual blocks (identity init), a refiner or a classifier (fresh)
     state.update({k: own[k] for k in added})
     # a new second refiner (refine_large) starts as a copy of the file's refiner where their shapes agree: it then
     # begins from boxes it knows how to refine, not from noise (trained from a copy, trucks and buses gained)

@@ -41,7 +41,8 @@ log = logging.getLogger("livox_infer.recipe")
 
 # TrainOptions fields a stage (or the recipe's defaults) may set besides the keys of StageSpec
 STAGE_OPTIONS = ("batch", "lr", "weight_decay", "val_every", "paste_probability", "neighbour_weight", "corner_weight",
-                 "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop")
+                 "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop",
+                 "vehicle_class_passes")
 STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", *STAGE_OPTIONS}
 DATASET_KEYS = {"seed", "train", "val", "sensors", "sim", "stack"}
 
@@ -70,7 +71,7 @@ class Part:
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    kind: str  # "detector" | "refine" | "refine-large"
+    kind: str  # "detector" | "refine" | "refine-large" | "vehicle-class"
     init: str | None  # an earlier stage's name, a weights file (relative to the recipe), or None: random
     config: dict[str, Any]  # overrides of the model config, deep-merged (null removes a key)
     train: tuple[Part, ...]
@@ -174,7 +175,7 @@ def check_recipe(r: Recipe) -> None:
     for i, s in enumerate(r.stages):
         if isinstance(s.init, str) and s.init in names and names.index(s.init) >= i:
             raise ConfigError(f"{where}: stage {s.name} starts from {s.init}, which does not run before it")
-        if s.kind in ("refine", "refine-large") and not s.init:
+        if s.kind in ("refine", "refine-large", "vehicle-class") and not s.init:
             raise ConfigError(f"{where}: refine stage {s.name} needs init (the detector it refines)")
         if s.stop_after is not None and not 1 <= s.stop_after <= s.steps:
             raise ConfigError(f"{where}: stage {s.name}: stop_after must be in [1, steps]")

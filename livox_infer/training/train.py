@@ -272,8 +272,10 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
 def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, consts: ReferenceConstants,
             paste_db: ObjectDatabase | None = None, neighbour_weight: float = 0.0,
             intensity: IntensityAugment = IntensityAugment(), sparse: SparsifyAugment = SparsifyAugment(),
-            fov_crop_share: float = 0.0):
+            fov_crop_share: float = 0.0, mount_out: list | None = None):
     """Frame -> (bev (C,H,W), targets dict of tensors, levelled boxes, labels, num_points, levelled points).
+    ``mount_out`` (a list) receives the mount the points were levelled with (the sensor sits at its height over the
+    levelled origin).
 
     With ``rng`` the frame is augmented (after pasting objects from ``paste_db``, if given). A model with
     ``grid.age_channel_s`` gets the point ages in the fourth column (0 for single frames), as the pipeline feeds it."""
@@ -288,6 +290,8 @@ def prepare(frame: Frame, rng: np.random.Generator | None, cfg: ModelConfig, con
         pts, boxes, labels, mount = augment(frame, rng, intensity=intensity, sparse=sparse,
                                             fov_crop_share=fov_crop_share, age_column=age_column)
     levelled = level_points(pts, mount)
+    if mount_out is not None:
+        mount_out.append(mount)
     if not cfg.use_intensity and not age_column:  # as the pipeline feeds such a model
         levelled[:, 3] = 0.0
     boxes = level_boxes(boxes, mount)
@@ -440,8 +444,9 @@ def load_checkpoint(path: Path, net, opt, cfg: ModelConfig) -> tuple[int, float]
     return int(meta["step"]), float(meta.get("best", "-inf"))
 
 
-# refine-large: the second refiner (`refine_large`, trucks and buses), on its classes' candidates only
-STAGES = ("detector", "refine", "refine-large")
+# refine-large: the second refiner (`refine_large`, trucks and buses), on its classes' candidates only;
+# vehicle-class: the truck / bus classifier (`vehicle_classifier`) on the candidates of both refiners
+STAGES = ("detector", "refine", "refine-large", "vehicle-class")
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -569,6 +574,7 @@ class TrainOptions:
     refine_box_beta: float = 0.02
     refine_train_passes: int | None = None
     refine_classes: tuple[str, ...] | None = None  # --stage refine: train on these classes' candidates only (None: all)
+    vehicle_class_passes: int = 2  # --stage vehicle-class: passes over the training frames (the first unaugmented)
     data_only: bool = False
     sim_options: dict[str, Any] = field(default_factory=dict)
     sensors: tuple[str, ...] = SENSOR_NAMES
@@ -691,7 +697,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "the same network without the IoU head)")
     p.add_argument("--stage", default=D.stage, choices=STAGES,
                    help="detector: train the BEV network; refine: train only the stage-2 refiner of a config with "
-                        "a refine section, on the candidates of the trained detector given by --init (frozen)")
+                        "a refine section, on the candidates of the trained detector given by --init (frozen); "
+                        "refine-large: its second refiner; vehicle-class: its truck / bus classifier (--steps, --lr, "
+                        "--weight-decay, --seed; no checkpoints)")
     p.add_argument("--refine-box-beta", type=float, default=D.refine_box_beta,
                    help="--stage refine: smooth-L1 beta of the box residual loss. Residuals are in box lengths, so "
                         "a car's 0.2-0.3 m errors are ~0.05: at beta 0.1 they sat in the weak quadratic part "
@@ -703,6 +711,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--stage refine: only candidates of these classes enter the loss, the first refine.rois of "
                         "them per frame, as inference picks a config's refine.classes (default: all classes); "
                         "--stage refine-large always trains on refine_large.classes and refuses it")
+    p.add_argument("--vehicle-class-passes", type=int, default=D.vehicle_class_passes, choices=range(1, 9),
+                   metavar="N", help="--stage vehicle-class: passes over the training frames collecting truck / bus "
+                                     "candidates, the first as stored, the others augmented (default %(default)s)")
     p.add_argument("--data-only", action="store_true", help="only simulate the dataset shards")
     p.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
@@ -774,6 +785,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         refine_box_beta=args.refine_box_beta, refine_train_passes=args.refine_train_passes,
         refine_classes=None if args.refine_classes is None else
         tuple(x.strip() for x in str(args.refine_classes).split(",") if x.strip()),
+        vehicle_class_passes=args.vehicle_class_passes,
         data_only=args.data_only,
         sim_options=parse_sim_options(args.sim_option),
         sensors=tuple(x.strip() for x in str(args.sensors).split(",") if x.strip()),
@@ -940,7 +952,7 @@ def train(opts: TrainOptions) -> TrainResult:
         trained = net.refiner_large if large else net.refiner
         net.requires_grad_(False)
         trained.requires_grad_(True)
-    elif cfg.refine is not None:
+    elif cfg.refine is not None and opts.stage == "detector":
         log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
                     "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
     opt = torch.optim.AdamW(trained.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
@@ -953,6 +965,15 @@ def train(opts: TrainOptions) -> TrainResult:
         log.info("initialised from %s%s", opts.init,
                  f" ({len(grown)} tensors grown or added: {', '.join(grown[:4])}{', ...' if len(grown) > 4 else ''})"
                  if grown else "")
+    if opts.stage == "vehicle-class":
+        from livox_infer.training.vehicle_class import train_vehicle_classifier
+
+        if not opts.init:
+            raise ConfigError("--stage vehicle-class classifies a trained detector's candidates: give its weights "
+                              "with --init")
+        score = train_vehicle_classifier(net, cfg, train_frames, val_frames, opts, out, device, opts.to_json(),
+                                         real_sources, prepare, _stage2_points, lr_at)
+        return TrainResult(out, work, opts.steps, score)
     if opts.resume and ckpt.is_file():
         start, best = load_checkpoint(ckpt, net, opt, cfg)
         log.info("resumed from %s at step %d (best val score %.3f)", ckpt, start, best)
