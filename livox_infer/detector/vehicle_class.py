@@ -158,9 +158,16 @@ class VehicleClassifier(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(e, 1, h))
         self.w3 = nn.Parameter(torch.empty(e, h, 1))
         self.b3 = nn.Parameter(torch.zeros(e, 1, 1))
-        for w in (self.w1, self.w2, self.w3):  # each member as nn.Linear initialises itself
-            bound = 1.0 / w.shape[1] ** 0.5
-            nn.init.uniform_(w, -bound, bound)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Fresh weights (each member as an nn.Linear initialises itself), zero biases."""
+        with torch.no_grad():
+            for w in (self.w1, self.w2, self.w3):
+                bound = 1.0 / w.shape[1] ** 0.5
+                nn.init.uniform_(w, -bound, bound)
+            for b in (self.b1, self.b2, self.b3):
+                nn.init.zeros_(b)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """(E, K, F) features (one batch per member) or (K, F) (the same for all) -> (E, K) bus logits."""
@@ -171,17 +178,21 @@ class VehicleClassifier(nn.Module):
         return torch.baddbmm(self.b3, x, self.w3)[..., 0]
 
     @torch.no_grad()
+    def probability(self, both_ends: torch.Tensor) -> torch.Tensor:
+        """(K,) probability of the second class from (2, K, F) features read from either end: averaged over both
+        ends and the members."""
+        return sum(torch.sigmoid(self(both_ends[r])).mean(0) for r in range(2)) / 2
+
+    @torch.no_grad()
     def bus_probability(self, points: torch.Tensor, boxes: torch.Tensor,
                         ceiling: torch.Tensor | None = None) -> torch.Tensor:
-        """(K,) probability that each box holds the second class, averaged over both ends and the members;
-        ``ceiling``: `view_ceiling` (K,) or None."""
+        """(K,) `probability` of each box's features; ``ceiling``: `view_ceiling` (K,) or None."""
         out = []
         for i in range(0, boxes.shape[0], CHUNK):
             chunk = boxes[i:i + CHUNK]
             c = None if ceiling is None else ceiling[i:i + CHUNK]
-            p = sum(torch.sigmoid(self(side_view_features(points, chunk, self.cfg, reverse, c))).mean(0)
-                    for reverse in (False, True))
-            out.append(p / 2)
+            out.append(self.probability(torch.stack([side_view_features(points, chunk, self.cfg, reverse, c)
+                                                     for reverse in (False, True)])))
         return torch.cat(out) if out else torch.zeros(0, device=boxes.device)
 
 

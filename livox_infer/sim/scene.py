@@ -401,6 +401,12 @@ def _add_pole(b: PrimitiveBuilder, rng, x, y, z0, yaw_to_road: float):
         b.add(BOX, (x, y + toward_road * arm / 2, z0 + h), (0.08, arm / 2, 0.05), reflect=0.3)
 
 
+def _add_truck_cab(b: PrimitiveBuilder, length: float, cab: float, w: float, wheel_r: float, paint: float) -> None:
+    """A box truck's or flatbed's cab at the front (+x) end, with its windscreen."""
+    b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
+    b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08, hit_prob=0.35)
+
+
 def build_large_vehicle(rng: np.random.Generator, kind: str | None = None) -> tuple[int, Primitives]:
     """A truck or a bus, big wheels; ``kind`` "truck" / "bus" or None (either, evenly). Trucks: a box truck (cab +
     cargo box, half of them), a tractor-trailer (a low cab and a 4 m high trailer, 15-16.8 m in all, 3 in 10) or a
@@ -423,9 +429,7 @@ def build_large_vehicle(rng: np.random.Generator, kind: str | None = None) -> tu
         h = float(rng.uniform(3.0, 3.8))
         cargo_reflect = float(rng.uniform(0.3, 0.7))
         if v < 0.5:  # box truck
-            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
-            b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
-                  hit_prob=0.35)
+            _add_truck_cab(b, length, cab, w, wheel_r, paint)
             cargo = length - cab - 0.2
             b.add(BOX, (-length / 2 + cargo / 2, 0, wheel_r + 0.35 + (h - wheel_r - 0.35) / 2),
                   (cargo / 2, w / 2, (h - wheel_r - 0.35) / 2), reflect=cargo_reflect)
@@ -444,9 +448,7 @@ def build_large_vehicle(rng: np.random.Generator, kind: str | None = None) -> tu
                   reflect=cargo_reflect)
             axles = (length / 2 - 1.4, length / 2 - cab - 1.6, -length / 2 + 1.3, -length / 2 + 2.6)
         else:  # flatbed: cab, a low deck, a load on most
-            b.add(BOX, (length / 2 - cab / 2, 0, wheel_r + 1.2), (cab / 2, w / 2 - 0.05, 1.2), reflect=paint)
-            b.add(BOX, (length / 2 - cab + 0.05, 0, wheel_r + 1.9), (0.02, w / 2 - 0.2, 0.45), reflect=0.08,
-                  hit_prob=0.35)
+            _add_truck_cab(b, length, cab, w, wheel_r, paint)
             deck_len = length - cab - 0.2
             deck = wheel_r + 0.7
             b.add(BOX, (-length / 2 + deck_len / 2, 0, deck), (deck_len / 2, w / 2, 0.12), reflect=cargo_reflect)

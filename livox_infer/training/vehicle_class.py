@@ -105,8 +105,7 @@ def accuracy(classifier: torch.nn.Module, feats: torch.Tensor, targets: torch.Te
     """Accuracy and log loss of the averaged bus probability (both ends, all members) on samples."""
     if targets.numel() == 0:
         return {"samples": 0, "accuracy": math.nan, "log_loss": math.nan}
-    p = sum(torch.sigmoid(classifier(feats[r])).mean(0) for r in range(2)) / 2
-    p = p.clamp(1e-4, 1 - 1e-4)
+    p = classifier.probability(feats).clamp(1e-4, 1 - 1e-4)
     return {"samples": int(targets.numel()), "accuracy": float(((p >= 0.5).float() == targets).float().mean()),
             "log_loss": float(torch.nn.functional.binary_cross_entropy(p, targets))}
 
@@ -131,11 +130,7 @@ def train_vehicle_classifier(net: torch.nn.Module, cfg: ModelConfig, train_frame
              time.time() - t0)
     classifier = net.vehicle_classifier
     torch.manual_seed(opts.seed)
-    for w in (classifier.w1, classifier.w2, classifier.w3):  # a fresh start whatever --init held
-        bound = 1.0 / w.shape[1] ** 0.5
-        torch.nn.init.uniform_(w, -bound, bound)
-    for b in (classifier.b1, classifier.b2, classifier.b3):
-        torch.nn.init.zeros_(b)
+    classifier.reset_parameters()  # a fresh start whatever --init held
     if targets.numel():
         classifier.requires_grad_(True)
         loss = fit(classifier, feats, targets, opts.steps, opts.lr, opts.weight_decay, opts.seed, lr_at)
