@@ -167,11 +167,14 @@ def test_the_networks_stage_2_runs_the_classifier_after_the_refiners():
     boxes = torch.tensor([[8.0, 2.0, 0.8, 4.2, 1.8, 1.5, 0.4], BOXES[0].tolist(), BOXES[1].tolist(),
                           [15.0, -5.0, 0.9, 0.6, 0.7, 1.7, -1.2]])
     s, lab, b = net.refine(pts, scores, labels, boxes, 255.0)
+    unclassified = net.refine(pts, scores, labels, boxes, 255.0, classify=False)  # what its training collects
     net.vehicle_classifier = None
     s0, lab0, b0 = net.refine(pts, scores, labels, boxes, 255.0)
     torch.testing.assert_close(s, s0)
     torch.testing.assert_close(b, b0)  # boxes and scores are the refiners'
     assert lab.tolist() == [4 if x == 3 else x for x in lab0.tolist()] and 3 in lab0.tolist()  # the truck: a bus
+    for got, want in zip(unclassified, (s0, lab0, b0)):
+        torch.testing.assert_close(got, want)
 
 
 def test_warm_start_adds_a_fresh_classifier_to_weights_without_one(tmp_path):

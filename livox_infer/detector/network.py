@@ -53,24 +53,27 @@ class BevDetector(nn.Module):
         return self.head(self.neck(self.backbone(bev)))
 
     def refine(self, points: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
-               intensity_scale: float, passes: int | None = None, sensor_height: float | None = None):
+               intensity_scale: float, passes: int | None = None, sensor_height: float | None = None,
+               classify: bool = True):
         """Stage 2 on one frame's levelled points and stage-1 candidates (`refine_candidates`): the refiner for its
         classes, then ``refiner_large`` (its own passes; compiled from a package, else eager) for its classes; the
         others pass both unchanged. Then the ``vehicle_classifier`` (eager) picks truck or bus for those
         candidates (`vehicle_class.relabel_vehicles`; ``sensor_height``: the sensor's height over the levelled
-        frame's origin, which tells it how high the sensor sees); boxes and scores stay."""
+        frame's origin, which tells it how high the sensor sees); boxes and scores stay. ``classify=False`` skips
+        the classifier (its own training collects the candidates before it)."""
         # the cloud's coarse cells, built once for both refiners and the classifier (0.6 ms a 24k-point frame)
-        shared = self.refiner_large is not None or self.vehicle_classifier is not None
+        classifier = self.vehicle_classifier if classify else None
+        shared = self.refiner_large is not None or classifier is not None
         cells = PointCells(points.float()) if shared else None
         out = refine_candidates(self.refiner, self.cfg.refine, self.cfg.num_classes, points, scores, labels, boxes,
                                 intensity_scale, passes=passes, compiled=self.compiled_refiner, cells=cells)
         if self.refiner_large is not None:
             out = refine_candidates(self.refiner_large, self.cfg.refine_large, self.cfg.num_classes, points, *out,
                                     intensity_scale, compiled=self.compiled_refiner_large, cells=cells)
-        if self.vehicle_classifier is not None:
+        if classifier is not None:
             s, l, b = out
             margin = self.cfg.vehicle_classifier.margin
-            l = relabel_vehicles(self.vehicle_classifier, self.cfg.classes, points, l, b,
+            l = relabel_vehicles(classifier, self.cfg.classes, points, l, b,
                                  near=lambda sel: _near_any_box(points, sel, margin, cells=cells),
                                  sensor_height=sensor_height)
             out = (s, l, b)

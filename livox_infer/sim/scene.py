@@ -635,10 +635,11 @@ def _footprint(parts: Primitives) -> tuple[float, float]:
     return float(hi[0] - lo[0]), float(hi[1] - lo[1])
 
 
-def _fits(placer: _Placer, x: float, y: float, yaw: float, parts: Primitives) -> bool:
-    """Whether a large vehicle longer than the 12.5 m its place was checked for still fits there."""
+def _fitting_footprint(placer: _Placer, x: float, y: float, yaw: float, parts: Primitives) -> tuple | None:
+    """A large vehicle's (length, width) where it still fits at its place (one longer than the 12.5 m the place
+    was checked for is checked again), else None."""
     length, width = _footprint(parts)
-    return length <= 12.6 or placer.free_long(x, y, yaw, length, width)
+    return (length, width) if length <= 12.6 or placer.free_long(x, y, yaw, length, width) else None
 
 
 def _object_radius(parts: Primitives) -> float:
@@ -839,11 +840,12 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         yaw = 0.0 if side < 0 else np.pi
         if not in_cross(x) and placer.free_long(x, y, yaw, 12.5, 2.55):
             label, parts = build_large_vehicle(rng)
-            if not _fits(placer, x, y, yaw, parts):
+            footprint = _fitting_footprint(placer, x, y, yaw, parts)
+            if footprint is None:
                 continue
             objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw, np.zeros(2),
                                        oid))
-            placer.take_long(x, y, yaw, *_footprint(parts))
+            placer.take_long(x, y, yaw, *footprint)
             oid += 1
     # trucks and buses in the lanes, from their own random stream (placed before the cars: placed after them,
     # a 12 m vehicle rarely found a gap)
@@ -859,11 +861,12 @@ def _street(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, ego_speed
         if abs(y - ego_y) < lane_w / 2 and x > 0:
             speed = float(ego_speed) if moving else 0.0  # same lane ahead: keeps its gap to the ego
         label, parts = build_large_vehicle(g)
-        if not _fits(placer, x, y, yaw, parts):
+        footprint = _fitting_footprint(placer, x, y, yaw, parts)
+        if footprint is None:
             continue
         objects.append(SceneObject(label, parts, np.array([x, y, float(ground.height(x, y))]), yaw,
                                    speed * np.array([np.cos(yaw), np.sin(yaw)]), oid))
-        placer.take_long(x, y, yaw, *_footprint(parts))
+        placer.take_long(x, y, yaw, *footprint)
         oid += 1
     # parked cars
     target_cars = n_cars if n_cars is not None else int(rng.integers(8, 30) * scale)
@@ -1056,10 +1059,11 @@ def _open(rng, seed, n_cars, n_peds, n_cyc, clutter, length, moving, lookalikes=
         if placer.free(x, y, 6.5):
             yaw = float(rng.uniform(-np.pi, np.pi))
             label, parts = build_large_vehicle(rng)
-            if not _fits(placer, x, y, yaw, parts):
+            footprint = _fitting_footprint(placer, x, y, yaw, parts)
+            if footprint is None:
                 continue
             large.append((label, parts, x, y, yaw))
-            placer.take_long(x, y, yaw, *_footprint(parts))
+            placer.take_long(x, y, yaw, *footprint)
 
     counts = {
         CAR: n_cars if n_cars is not None else int(rng.integers(6, 20)),

@@ -54,7 +54,8 @@ def collect_samples(net: torch.nn.Module, cfg: ModelConfig, frames: list, passes
             bev, _, boxes, labels, _, points = prepare(f, rng, cfg, consts, mount_out=mount)
             s, lab, b = (t[0] for t in topk_decode(net(bev[None].to(device)), cfg))
             pts = stage2_points(points, cfg).to(device)
-            s, lab, b = net.refine(pts, s, lab, b, cfg.grid.intensity_scale, sensor_height=mount[0].height)
+            s, lab, b = net.refine(pts, s, lab, b, cfg.grid.intensity_scale, sensor_height=mount[0].height,
+                                     classify=False)
             mine = ((lab == first) | (lab == second)) & (s >= MIN_SCORE)
             gl = torch.as_tensor(np.asarray(labels), device=device)
             gt = (gl == first) | (gl == second)
