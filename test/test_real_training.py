@@ -3,6 +3,7 @@ targets and the loss, the real/simulated batch mix, and `eval --real --cross-val
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -171,3 +172,59 @@ def test_paired_bootstrap_of_a_detector_against_itself_is_zero_and_a_worse_one_n
     assert same["car"]["bev@0.5"] == [0.0, 0.0]
     worse = paired_bootstrap(views, empty, perfect, CLASSES, n=20)
     assert worse["car"]["bev@0.5"][1] < 0
+
+
+def test_paired_with_other_fold_weights_compares_two_cross_validated_detectors(real_dir, tmp_path, monkeypatch, capsys):
+    """`eval --real --cross-validate S=W ... --bootstrap N --paired-with S=W0 ...`: each fold pair scores the source it
+    never saw, and the printed / written interval is of the new folds' AP minus the old folds'."""
+    import argparse
+
+    import livox_infer.evaluation.real as real
+    from livox_infer.evaluation import evaluate as E
+
+    files = {}
+    for name in ("newK", "newA", "oldK", "oldA"):
+        files[name] = tmp_path / f"{name}.safetensors"
+        files[name].write_bytes(b"x")
+    assert real.parse_paired_with([], {}) is None
+    assert real.parse_paired_with("lite-sim", {}) == "lite-sim"
+    with pytest.raises(ConfigError, match="give --cross-validate"):
+        real.parse_paired_with([f"av2={files['oldK']}"], {})
+    with pytest.raises(ConfigError, match="--paired-with names source 'av2' twice"):
+        real.parse_paired_with([f"av2={files['oldK']}", f"av2={files['oldA']}"], {"av2": "x"})
+    with pytest.raises(ConfigError, match="one WEIGHTS or MODEL"):
+        real.parse_paired_with(["a", "b"], {"av2": "x"})
+
+    gt = {v.points.tobytes(): v for v in load_real_dir(real_dir)}  # main_real loads the same views again
+    # the new folds find every labelled object, the old ones nothing; each fold file saw only its own source
+    monkeypatch.setattr(real, "seen_sources", lambda w: ("kitti",) if "K" in Path(w).name else ("av2",))
+    used = []
+
+    def make_pipeline(weights=None, model=None):
+        used.append(Path(weights).name)
+        return SimpleNamespace(weights_file=weights, new=Path(weights).name.startswith("new"))
+
+    def scan_detector(pipe):
+        def detect(points):
+            v = gt.get(points.tobytes())
+            if not pipe.new or v is None:
+                return np.zeros((0, 7)), np.zeros(0, int), np.zeros(0)
+            keep = ~v.gt_ignore
+            return v.gt.boxes[keep], v.gt.labels[keep], np.ones(int(keep.sum()))
+        return detect
+
+    monkeypatch.setattr(real, "scan_detector", scan_detector)
+    p = argparse.ArgumentParser()
+    E.add_arguments(p)
+    out = tmp_path / "cv.json"
+    args = p.parse_args(["--real", str(real_dir), "--no-compile", "--bootstrap", "20", "--out", str(out),
+                         "--cross-validate", f"av2={files['newK']}", "--cross-validate", f"kitti={files['newA']}",
+                         "--paired-with", f"av2={files['oldK']}", "--paired-with", f"kitti={files['oldA']}"])
+    args.score_threshold = E._default_score_threshold(args)
+    assert real.main_real(args, make_pipeline) == 0
+    assert used == ["newK.safetensors", "newA.safetensors", "oldK.safetensors", "oldA.safetensors"]
+    printed = capsys.readouterr().out
+    assert "of the AP difference to the folds av2 by oldK.safetensors, kitti by oldA.safetensors" in printed
+    paired = json.loads(out.read_text())["bootstrap"]["paired"]
+    assert paired["weights"] == {"av2": str(files["oldK"]), "kitti": str(files["oldA"])}
+    assert paired["difference"]["car"]["bev@0.5"][0] > 0  # better in every resample

@@ -351,10 +351,11 @@ def add_arguments(p) -> None:
     g.add_argument("--fit-calibration", metavar="OUT.yaml", default=None,
                    help="fit the score_calibration (Platt, per class) on these detections (use with "
                         "--cross-validate) and write it as a model-config snippet")
-    g.add_argument("--paired-with", metavar="WEIGHTS|MODEL", default=None,
+    g.add_argument("--paired-with", action="append", default=[], metavar="WEIGHTS|MODEL|SOURCE=WEIGHTS",
                    help="with --bootstrap: also score WEIGHTS (a file for this model) or MODEL (a model name, e.g. "
                         "lite-sim), which must not have seen these frames, and print the interval of the AP difference "
-                        "over the same scene resamples")
+                        "over the same scene resamples; SOURCE=WEIGHTS once per source (as --cross-validate takes): "
+                        "compare with other cross-validated fold weights")
     g.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help=f"also print the pooled AP's {BOOTSTRAP_LEVEL * 100:.0f}%% interval over N resamples of whole scenes (e.g. 200)")
 
@@ -380,20 +381,34 @@ def evaluate_real(root: str | Path, pipeline, *, fov: float = DEFAULT_FOV, max_r
     return evaluate_views(views, dets, classes, fov, max_range), views, dets
 
 
-def parse_cross_validate(items: Sequence[str]) -> dict[str, str]:
+def parse_cross_validate(items: Sequence[str], option: str = "--cross-validate") -> dict[str, str]:
     """["kitti=A.safetensors", "av2=K.safetensors"] -> {source: weights}."""
     out: dict[str, str] = {}
     for item in items:
         src, sep, path = str(item).partition("=")
         src = src.strip()
         if not sep or not src or not path.strip():
-            raise ConfigError(f"--cross-validate takes SOURCE=WEIGHTS, got {item!r}")
+            raise ConfigError(f"{option} takes SOURCE=WEIGHTS, got {item!r}")
         if src in out:
-            raise ConfigError(f"--cross-validate names source {src!r} twice")
+            raise ConfigError(f"{option} names source {src!r} twice")
         if not Path(path).is_file():
-            raise ConfigError(f"--cross-validate {src}: no weights file {path}")
+            raise ConfigError(f"{option} {src}: no weights file {path}")
         out[src] = path
     return out
+
+
+def parse_paired_with(items: Sequence[str] | str | None, folds: dict[str, str]) -> dict[str, str] | str | None:
+    """--paired-with: None, one WEIGHTS|MODEL, or (with --cross-validate) {source: weights} of other folds."""
+    items = [items] if isinstance(items, str) else list(items or [])
+    if not items:
+        return None
+    if any("=" in str(i) for i in items):
+        if not folds:
+            raise ConfigError("--paired-with SOURCE=WEIGHTS compares cross-validated folds: give --cross-validate too")
+        return parse_cross_validate(items, "--paired-with")
+    if len(items) > 1:
+        raise ConfigError(f"--paired-with takes one WEIGHTS or MODEL (or SOURCE=WEIGHTS per source), got {items}")
+    return items[0]
 
 
 def seen_sources(weights: str | Path | None) -> tuple[str, ...]:
@@ -440,6 +455,7 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
         raise ConfigError("--region does not apply to --real: a real view is scored in its cone (--fov, --range)")
     headings = parse_headings(args.headings)
     folds = parse_cross_validate(getattr(args, "cross_validate", None) or [])
+    paired_with = parse_paired_with(getattr(args, "paired_with", None), folds)
     views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
     if folds:
         dets = cross_validated_detections(views, folds, make_pipeline)
@@ -466,18 +482,22 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     if args.bootstrap:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
         print(interval_table(intervals, args.bootstrap, BOOTSTRAP_LEVEL))
-        if getattr(args, "paired_with", None):
-            # a weights file of this model, or another model by name (lite-sim: three classes, its own thresholds)
-            other = not Path(args.paired_with).is_file()
-            base_pipe = make_pipeline(model=args.paired_with) if other else make_pipeline(args.paired_with)
-            if set(seen_sources(base_pipe.weights_file)) & {v.source for v in views}:
-                raise ConfigError(f"--paired-with {args.paired_with}: these weights were trained on frames scored here")
-            base = detect_views(views, scan_detector(base_pipe))
+        if paired_with is not None:
+            if isinstance(paired_with, dict):  # other fold weights, each scoring the source it never saw
+                base = cross_validated_detections(views, paired_with, make_pipeline)
+                name = "the folds " + ", ".join(f"{s} by {Path(w).name}" for s, w in paired_with.items())
+            else:
+                # a weights file of this model, or another model by name (lite-sim: three classes, its own thresholds)
+                other = not Path(paired_with).is_file()
+                base_pipe = make_pipeline(model=paired_with) if other else make_pipeline(paired_with)
+                if set(seen_sources(base_pipe.weights_file)) & {v.source for v in views}:
+                    raise ConfigError(f"--paired-with {paired_with}: these weights were trained on frames scored here")
+                base = detect_views(views, scan_detector(base_pipe))
+                name = Path(paired_with).name
             diff = paired_bootstrap(views, dets, base, cfg.classes, args.bootstrap, fov=args.fov,
                                     max_range=args.max_range)
-            print(interval_table(diff, args.bootstrap, BOOTSTRAP_LEVEL,
-                                 f" of the AP difference to {Path(args.paired_with).name}"))
-            paired = {"weights": args.paired_with, "difference": diff}
+            print(interval_table(diff, args.bootstrap, BOOTSTRAP_LEVEL, f" of the AP difference to {name}"))
+            paired = {"weights": paired_with, "difference": diff}
     if args.bev_dir:
         save_view_pictures(views, dets, cfg.classes, Path(args.bev_dir), args.fov, args.max_range)
     if args.out:
