@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from livox_infer.detector import ModelConfig, build_model, load_weights
 from livox_infer.errors import ConfigError
@@ -48,8 +49,8 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-3:] == ["stage15-trucks", "stage15-trucks2", "stage17-large-refiner"] and \
-        len(names) == 21
+    assert names[0] == "stage1" and names[-4:] == ["stage17-large-refiner", "stage18-trucks", "stage18-trucks2",
+                                                   "stage18-large-refiner"] and len(names) == 24
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -63,6 +64,16 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     assert final.read_bytes() == last.read_bytes()
     cfg = ModelConfig.load("lite")
     load_weights(build_model(cfg), cfg, final)
+    # stage 18's output is its run averaged with stage 17 (its second refiner the run's own), and says so
+    meta = _meta(final)
+    assert meta["averaged_with"] == "stage stage17-large-refiner" and meta["average_weight"] == "0.5"
+    s17 = load_file(str(recipe_mod.stage_weights(out, recipe.stage("stage17-large-refiner"))))
+    run = load_file(str(out / "stages" / "stage18-large-refiner" / "stage18-large-refiner.best.safetensors"))
+    got = load_file(str(final))
+    for prefix in ("backbone.", "head.", "refiner.", "refiner_large."):
+        k = next(n for n in sorted(got) if n.startswith(prefix) and got[n].is_floating_point())
+        want = run[k] if k.startswith("refiner_large.") else ((run[k].double() + s17[k].double()) / 2).to(run[k].dtype)
+        torch.testing.assert_close(got[k], want, rtol=0, atol=0)
     # stage data: the datasets' shards linked in the recipe's order
     s2 = recipe.stage("stage2")
     links = sorted((out / "stages" / "stage2" / "data").glob("train-*.npz"))
@@ -263,6 +274,36 @@ STAGE17_TRAIN = ("--stage refine-large --refine-train-passes 2 --train-frames 34
                  "--val-every 400 --lr 4e-4 --seed 731 --fov-crop 0.3")
 
 
+# stage 18 (2026-12-06): two truck rounds on the six body styles (--model: models/lite.yaml), then the second refiner;
+# the same detector commands with --real-sources kitti / av2 made the fold files' runs
+STAGE18_TRAIN = {
+    "stage18-trucks": ("--stage detector --train-frames 5300 --val-frames 200 --steps 1500 --val-every 500 --lr 2e-4 "
+                       "--seed 791 " + _REAL, "stage17-large-refiner", ["R2", "T1", "T2", "T3", "M1", "M2"]),
+    "stage18-trucks2": ("--stage detector --train-frames 5800 --val-frames 200 --steps 1500 --val-every 500 --lr 3e-4 "
+                        "--seed 792 " + _REAL, "stage18-trucks", ["R2", "T1", "T1", "T2", "T3", "M1", "M2"]),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE18_TRAIN))
+def test_stage18_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
+    ours = _check_real_fold_stage(stage, STAGE18_TRAIN, tmp_path)
+    assert ours.model_config().architecture_hash() == ModelConfig.load("lite").architecture_hash()
+
+
+def test_stage18_second_refiner_is_the_command_that_made_the_shipped_weights(tmp_path):
+    r = load_recipe(RECIPE)
+    stage = r.stage("stage18-large-refiner")
+    ours = recipe_mod.stage_options(r, stage, tmp_path, None, Runtime())
+    mine, theirs = _recipe_fields(ours), _recipe_fields(_cli_options(STAGE17_TRAIN.replace("--seed 731", "--seed 793")))
+    # the run kept every checkpoint (--keep-checkpoints) and its last, step 800, was taken (its best was step 400)
+    assert mine.pop("select") == "last" and theirs.pop("select") == "best"
+    assert mine == theirs
+    assert stage.init == "stage18-trucks2" and [p.dataset for p in stage.train] == ["T1", "T2", "T3", "M1"]
+    assert stage.average_with == {"stage": "stage17-large-refiner", "weight": 0.5, "keep": ["refiner_large."]}
+    meta = _meta(share_dir() / "models" / "lite.safetensors")
+    assert meta["averaged_with"] == "stage stage17-large-refiner" and meta["average_weight"] == "0.5"
+
+
 def test_stage17_is_the_command_that_made_the_shipped_weights(tmp_path):
     r = load_recipe(RECIPE)
     stage = r.stage("stage17-large-refiner")
@@ -279,7 +320,7 @@ def test_stage12_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
-    """models/lite.safetensors holds the last (stage-17) run's own arguments: the recipe's last stage must match them;
+    """models/lite.safetensors holds the last (stage-18) run's own arguments: the recipe's last stage must match them;
     its detector was trained on both folds of the real scans (stage 15), and the file says so."""
     r = load_recipe(RECIPE)
     shipped = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
@@ -353,6 +394,11 @@ def _write(tmp_path, **over):
      "needs init"),
     ({"stages": [{"name": "one", "kind": "detector", "train": ["A"], "val": ["A"], "steps": 1, "seed": 0,
                   "time_budget": 70}]}, "unknown keys"),
+    ({"stages": [{"name": "one", "kind": "detector", "train": ["A"], "val": ["A"], "steps": 1, "seed": 0,
+                  "average_with": {"stage": "one", "weight": 0.5}}]}, "averages with one, which does not run before"),
+    ({"stages": [{"name": "one", "kind": "detector", "train": ["A"], "val": ["A"], "steps": 1, "seed": 0},
+                 {"name": "two", "kind": "detector", "train": ["A"], "val": ["A"], "steps": 1, "seed": 0,
+                  "average_with": {"stage": "one", "weight": 1.5}}]}, "weight in \\(0, 1\\]"),
 ])
 def test_bad_recipes_are_refused_with_the_entry_named(tmp_path, over, message):
     with pytest.raises(ConfigError, match=message):
@@ -382,7 +428,8 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     assert final == tmp_path / "lite.safetensors"
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
         "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage15-trucks",
-        "stage15-trucks2", "stage17-large-refiner", "stage9", "stage9-refine"]
+        "stage15-trucks2", "stage17-large-refiner", "stage18-large-refiner", "stage18-trucks", "stage18-trucks2",
+        "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])

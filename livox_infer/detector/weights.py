@@ -286,3 +286,42 @@ def trained_real_sources(metadata: dict[str, str]) -> tuple[str, ...]:
     if isinstance(real, dict):
         found.update(real.get("sources") or ())
     return tuple(sorted(found))
+
+
+def average_weights(new: str | Path, old: str | Path, weight: float, out: str | Path,
+                    keep: tuple[str, ...] = (), label: str = "") -> None:
+    """Write ``out`` = ``weight`` x NEW + (1 - ``weight``) x OLD, tensor by tensor (both files of one architecture):
+    weight averaging of a fine-tuned run with its start keeps most of what each knows (stage 18: the truck rounds'
+    long vehicles with stage 17's real pedestrians). Tensors named under a ``keep`` prefix, and integer ones
+    (BatchNorm's batch counts), are NEW's. NEW's metadata, with ``averaged_with`` (``label`` or OLD's name and
+    content hash), ``average_weight`` and the union of both files' real sources."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    if not 0.0 < float(weight) <= 1.0:
+        raise WeightsError(f"average weight must be in (0, 1], got {weight!r}")
+    files = []
+    for path in (new, old):
+        meta = read_metadata(path)
+        with safe_open(str(path), framework="pt") as f:
+            files.append((meta, {k: f.get_tensor(k) for k in f.keys()}))
+    (meta_new, a), (meta_old, b) = files
+    if meta_new.get("architecture_hash") != meta_old.get("architecture_hash") or a.keys() != b.keys():
+        raise WeightsError(f"cannot average {new} with {old}: different architectures")
+    state = {}
+    for k, v in a.items():
+        if k.startswith(tuple(keep)) or not v.is_floating_point():
+            state[k] = v
+        else:
+            state[k] = (float(weight) * v.double() + (1.0 - float(weight)) * b[k].double()).to(v.dtype)
+    meta = dict(meta_new)
+    meta[CONTENT_HASH_KEY] = content_sha256(state)
+    meta["averaged_with"] = label or f"{Path(old).name} (content_sha256 {meta_old.get(CONTENT_HASH_KEY, '?')})"
+    meta["average_weight"] = f"{float(weight):g}"
+    sources = sorted(set(trained_real_sources(meta_new)) | set(trained_real_sources(meta_old)))
+    if sources:
+        meta["real_sources"] = ",".join(sources)
+    tmp = Path(str(out) + ".tmp")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(tmp), metadata=meta)
+    tmp.replace(out)

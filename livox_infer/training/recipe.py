@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from livox_infer.detector.config import ModelConfig, deep_merge, read_config_dict
+from livox_infer.detector.weights import average_weights
 from livox_infer.errors import ConfigError
 from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.training.train import (
@@ -43,7 +44,8 @@ log = logging.getLogger("livox_infer.recipe")
 STAGE_OPTIONS = ("batch", "lr", "weight_decay", "val_every", "paste_probability", "neighbour_weight", "corner_weight",
                  "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop",
                  "vehicle_class_passes")
-STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", *STAGE_OPTIONS}
+STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", "average_with",
+              *STAGE_OPTIONS}
 DATASET_KEYS = {"seed", "train", "val", "sensors", "sim", "stack"}
 
 
@@ -81,6 +83,9 @@ class StageSpec:
     select: str  # "best" | "last" validation's weights are the stage's output
     seed: int
     options: dict[str, Any]  # the STAGE_OPTIONS it sets
+    # {stage: NAME, weight: W, keep: [PREFIX, ...]}: the stage's output is W x its run's weights + (1 - W) x stage
+    # NAME's (`weights.average_weights`; tensors under a keep prefix are the run's)
+    average_with: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,21 @@ def _stage(d: Any, defaults: dict[str, Any], where: str) -> StageSpec:
     select = d.get("select", "best")
     if select not in SELECTIONS:
         raise ConfigError(f"{where}: select must be one of {', '.join(SELECTIONS)}, got {select!r}")
+    average = d.get("average_with")
+    if average is not None:
+        weight = average.get("weight") if isinstance(average, dict) else None
+        if (not isinstance(average, dict) or set(average) - {"stage", "weight", "keep"} or not average.get("stage")
+                or isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1
+                or not isinstance(average.get("keep", []), list)):
+            raise ConfigError(f"{where}: average_with needs stage (an earlier stage's name), weight in (0, 1] and "
+                              f"optionally keep (tensor-name prefixes), got {average!r}")
+        average = {"stage": str(average["stage"]), "weight": float(weight),
+                   "keep": [str(k) for k in average.get("keep", [])]}
     return StageSpec(
         name=str(d["name"]), kind=d["kind"], init=d.get("init"), config=dict(d.get("config") or {}),
         train=_parts(d["train"], f"{where}.train"), val=_parts(d["val"], f"{where}.val"), steps=int(d["steps"]),
         stop_after=None if d.get("stop_after") is None else int(d["stop_after"]), select=select, seed=int(d["seed"]),
-        options={k: d[k] for k in STAGE_OPTIONS if k in d},
+        options={k: d[k] for k in STAGE_OPTIONS if k in d}, average_with=average,
     )
 
 
@@ -175,6 +190,9 @@ def check_recipe(r: Recipe) -> None:
     for i, s in enumerate(r.stages):
         if isinstance(s.init, str) and s.init in names and names.index(s.init) >= i:
             raise ConfigError(f"{where}: stage {s.name} starts from {s.init}, which does not run before it")
+        if s.average_with and (s.average_with["stage"] not in names or names.index(s.average_with["stage"]) >= i):
+            raise ConfigError(f"{where}: stage {s.name} averages with {s.average_with['stage']}, which does not run "
+                              "before it")
         if s.kind in ("refine", "refine-large", "vehicle-class") and not s.init:
             raise ConfigError(f"{where}: refine stage {s.name} needs init (the detector it refines)")
         if s.stop_after is not None and not 1 <= s.stop_after <= s.steps:
@@ -323,6 +341,10 @@ def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Run
         init = resolve_init(r, stage, out)
         if init is not None and not init.is_file():
             raise ConfigError(f"stage {stage.name}: init weights {init} do not exist")
+        if stage.average_with:
+            other = stage_weights(out, r.stage(stage.average_with["stage"]))
+            if not other.is_file():
+                raise ConfigError(f"stage {stage.name}: the weights it averages with, {other}, do not exist")
         for name in dict.fromkeys(p.dataset for p in (*stage.train, *stage.val)):
             train(dataset_options(r, r.datasets[name], out, rt))
         link_stage_data(r, stage, out)
@@ -331,7 +353,14 @@ def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Run
         result = train(stage_options(r, stage, out, init, rt))
         if result.out is None or not result.out.is_file():
             raise ConfigError(f"stage {stage.name} saved no weights (no validation ran)")
-        shutil.copyfile(result.out, weights.with_suffix(".tmp"))
+        if stage.average_with:
+            other = r.stage(stage.average_with["stage"])
+            average_weights(result.out, stage_weights(out, other), stage.average_with["weight"],
+                            weights.with_suffix(".tmp"), tuple(stage.average_with["keep"]), label=f"stage {other.name}")
+            log.info("stage %s: averaged with stage %s (weight %g)", stage.name, other.name,
+                     stage.average_with["weight"])
+        else:
+            shutil.copyfile(result.out, weights.with_suffix(".tmp"))
         weights.with_suffix(".tmp").replace(weights)
     last = stage_weights(out, stages[-1])
     if stages[-1] is not r.stages[-1]:
