@@ -40,18 +40,23 @@ def content_sha256(state: dict[str, torch.Tensor]) -> str:
 
 
 def save_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, extra: dict[str, str] | None = None) -> None:
-    from safetensors.torch import save_file
-
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     meta = {
         "format": FORMAT,
         "config_name": cfg.name,
         "architecture": json.dumps(cfg.architecture(), sort_keys=True),
         "architecture_hash": cfg.architecture_hash(),
-        CONTENT_HASH_KEY: content_sha256(state),
     }
     for k, v in (extra or {}).items():
         meta[str(k)] = str(v)
+    _write_file(state, meta, path)
+
+
+def _write_file(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path) -> None:
+    """``state`` with ``meta`` and its content hash, written to a temporary file and moved into place."""
+    from safetensors.torch import save_file
+
+    meta = {**meta, CONTENT_HASH_KEY: content_sha256(state)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     save_file(state, str(tmp), metadata=meta)
@@ -295,17 +300,10 @@ def average_weights(new: str | Path, old: str | Path, weight: float, out: str | 
     long vehicles with stage 17's real pedestrians). Tensors named under a ``keep`` prefix, and integer ones
     (BatchNorm's batch counts), are NEW's. NEW's metadata, with ``averaged_with`` (``label`` or OLD's name and
     content hash), ``average_weight`` and the union of both files' real sources."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     if not 0.0 < float(weight) <= 1.0:
         raise WeightsError(f"average weight must be in (0, 1], got {weight!r}")
-    files = []
-    for path in (new, old):
-        meta = read_metadata(path)
-        with safe_open(str(path), framework="pt") as f:
-            files.append((meta, {k: f.get_tensor(k) for k in f.keys()}))
-    (meta_new, a), (meta_old, b) = files
+    meta_new, meta_old = read_metadata(new), read_metadata(old)
+    a, b = _read_state(Path(new), "cpu"), _read_state(Path(old), "cpu")
     if meta_new.get("architecture_hash") != meta_old.get("architecture_hash") or a.keys() != b.keys():
         raise WeightsError(f"cannot average {new} with {old}: different architectures")
     state = {}
@@ -315,13 +313,9 @@ def average_weights(new: str | Path, old: str | Path, weight: float, out: str | 
         else:
             state[k] = (float(weight) * v.double() + (1.0 - float(weight)) * b[k].double()).to(v.dtype)
     meta = dict(meta_new)
-    meta[CONTENT_HASH_KEY] = content_sha256(state)
     meta["averaged_with"] = label or f"{Path(old).name} (content_sha256 {meta_old.get(CONTENT_HASH_KEY, '?')})"
     meta["average_weight"] = f"{float(weight):g}"
     sources = sorted(set(trained_real_sources(meta_new)) | set(trained_real_sources(meta_old)))
     if sources:
         meta["real_sources"] = ",".join(sources)
-    tmp = Path(str(out) + ".tmp")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(tmp), metadata=meta)
-    tmp.replace(out)
+    _write_file(state, meta, out)

@@ -341,10 +341,10 @@ def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Run
         init = resolve_init(r, stage, out)
         if init is not None and not init.is_file():
             raise ConfigError(f"stage {stage.name}: init weights {init} do not exist")
-        if stage.average_with:
-            other = stage_weights(out, r.stage(stage.average_with["stage"]))
-            if not other.is_file():
-                raise ConfigError(f"stage {stage.name}: the weights it averages with, {other}, do not exist")
+        partner = r.stage(stage.average_with["stage"]) if stage.average_with else None
+        if partner is not None and not stage_weights(out, partner).is_file():
+            raise ConfigError(f"stage {stage.name}: the weights it averages with, {stage_weights(out, partner)}, "
+                              "do not exist")
         for name in dict.fromkeys(p.dataset for p in (*stage.train, *stage.val)):
             train(dataset_options(r, r.datasets[name], out, rt))
         link_stage_data(r, stage, out)
@@ -353,11 +353,10 @@ def run_recipe(r: Recipe, out: Path, until: str | None = None, rt: Runtime = Run
         result = train(stage_options(r, stage, out, init, rt))
         if result.out is None or not result.out.is_file():
             raise ConfigError(f"stage {stage.name} saved no weights (no validation ran)")
-        if stage.average_with:
-            other = r.stage(stage.average_with["stage"])
-            average_weights(result.out, stage_weights(out, other), stage.average_with["weight"],
-                            weights.with_suffix(".tmp"), tuple(stage.average_with["keep"]), label=f"stage {other.name}")
-            log.info("stage %s: averaged with stage %s (weight %g)", stage.name, other.name,
+        if partner is not None:
+            average_weights(result.out, stage_weights(out, partner), stage.average_with["weight"],
+                            weights.with_suffix(".tmp"), tuple(stage.average_with["keep"]), label=f"stage {partner.name}")
+            log.info("stage %s: averaged with stage %s (weight %g)", stage.name, partner.name,
                      stage.average_with["weight"])
         else:
             shutil.copyfile(result.out, weights.with_suffix(".tmp"))
