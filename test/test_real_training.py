@@ -194,6 +194,10 @@ def test_paired_with_other_fold_weights_compares_two_cross_validated_detectors(r
         real.parse_paired_with([f"av2={files['oldK']}", f"av2={files['oldA']}"], {"av2": "x"})
     with pytest.raises(ConfigError, match="one WEIGHTS or MODEL"):
         real.parse_paired_with(["a", "b"], {"av2": "x"})
+    # a weights path holding '=' is one file, not SOURCE=WEIGHTS
+    (tmp_path / "lr=2e-4.safetensors").write_bytes(b"x")
+    for path in ("runs/lr=2e-4/step-000500.safetensors", str(tmp_path / "lr=2e-4.safetensors")):
+        assert real.parse_paired_with([path], {}) == path
 
     gt = {v.points.tobytes(): v for v in load_real_dir(real_dir)}  # main_real loads the same views again
     # the new folds find every labelled object, the old ones nothing; each fold file saw only its own source
@@ -221,6 +225,11 @@ def test_paired_with_other_fold_weights_compares_two_cross_validated_detectors(r
                          "--cross-validate", f"av2={files['newK']}", "--cross-validate", f"kitti={files['newA']}",
                          "--paired-with", f"av2={files['oldK']}", "--paired-with", f"kitti={files['oldA']}"])
     args.score_threshold = E._default_score_threshold(args)
+    args.bootstrap = 0  # the comparison is an interval: refused without resamples, before anything runs
+    with pytest.raises(ConfigError, match="give --bootstrap N"):
+        real.main_real(args, make_pipeline)
+    assert used == []
+    args.bootstrap = 20
     assert real.main_real(args, make_pipeline) == 0
     assert used == ["newK.safetensors", "newA.safetensors", "oldK.safetensors", "oldA.safetensors"]
     printed = capsys.readouterr().out

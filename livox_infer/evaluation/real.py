@@ -397,12 +397,20 @@ def parse_cross_validate(items: Sequence[str], option: str = "--cross-validate")
     return out
 
 
+def _names_a_source(item: str) -> bool:
+    """SOURCE=WEIGHTS (a source is a bare name) rather than a weights path that holds '=' (``runs/lr=2e-4/x``)."""
+    if Path(item).is_file():
+        return False
+    src, sep, _ = str(item).partition("=")
+    return bool(sep) and bool(src.strip()) and not Path(src).parent.parts and "." not in src
+
+
 def parse_paired_with(items: Sequence[str] | str | None, folds: dict[str, str]) -> dict[str, str] | str | None:
     """--paired-with: None, one WEIGHTS|MODEL, or (with --cross-validate) {source: weights} of other folds."""
     items = [items] if isinstance(items, str) else list(items or [])
     if not items:
         return None
-    if any("=" in str(i) for i in items):
+    if any(_names_a_source(i) for i in items):
         if not folds:
             raise ConfigError("--paired-with SOURCE=WEIGHTS compares cross-validated folds: give --cross-validate too")
         return parse_cross_validate(items, "--paired-with")
@@ -456,6 +464,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     headings = parse_headings(args.headings)
     folds = parse_cross_validate(getattr(args, "cross_validate", None) or [])
     paired_with = parse_paired_with(getattr(args, "paired_with", None), folds)
+    if paired_with is not None and not args.bootstrap:
+        raise ConfigError("--paired-with gives an interval of the AP difference: give --bootstrap N too")
     views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
     if folds:
         dets = cross_validated_detections(views, folds, make_pipeline)
