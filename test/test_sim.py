@@ -186,6 +186,45 @@ def test_pedestrian_groups_add_companions_and_leave_the_rest_of_the_scene(mode):
         make_scene(seed=5, mode=mode, ped_groups=1.5)
 
 
+@pytest.mark.parametrize("mode", ["street", "open"])
+def test_pedestrian_context_puts_unlabelled_surroundings_within_reach_of_pedestrians(mode):
+    """ped_context: walls / fences, shrubs, poles added to the background 0.3-0.7 m from a pedestrian (the real
+    misses stand against walls and in shrubs), clear of the other objects; the objects themselves unchanged."""
+    from livox_infer.sim.geometry import BOX, CYLINDER, ELLIPSOID
+
+    plain = make_scene(seed=5, mode=mode)
+    ctx = make_scene(seed=5, mode=mode, ped_context=1.0)
+    assert len(make_scene(seed=5, mode=mode, ped_context=0.0).static) == len(plain.static)
+    assert [(o.label, tuple(o.position), o.yaw) for o in ctx.objects] == [(o.label, tuple(o.position), o.yaw)
+                                                                         for o in plain.objects]
+    n0, st = len(plain.static), ctx.static
+    assert len(st) - n0 >= 3
+    peds = [o for o in plain.objects if o.label == PEDESTRIAN]
+    others = [o for o in plain.objects if o.label != PEDESTRIAN]
+    for i in range(n0, len(st)):
+        c, half, kind = np.asarray(st.center[i]), np.asarray(st.half[i]), int(st.kind[i])
+        if kind == BOX:  # a wall along a pedestrian's heading: its face 0.3-0.7 m from the pedestrian's centre
+            local = np.array([(np.asarray(st.rot[i]).T @ np.r_[p.position[:2] - c[:2], 0.0]) for p in peds])
+            gap = np.abs(local[:, 1]) - half[1]
+            ok = (np.abs(local[:, 0]) <= half[0]) & (gap >= 0.3 - 1e-6) & (gap <= 0.7 + 1e-6)
+        else:
+            assert kind in (ELLIPSOID, CYLINDER)
+            d = np.array([np.hypot(*(p.position[:2] - c[:2])) for p in peds])
+            gap = d - (half[0] if kind == ELLIPSOID else 0.0)  # shrub: to its surface; pole: to its axis
+            ok = (gap >= 0.3 - 1e-6) & (gap <= 0.7 + 1e-6)
+        assert ok.any(), (kind, gap)
+        reach = half[1] if kind == BOX else half[0]
+        for o in others:  # the part's centre line keeps clear of every other object's footprint
+            assert np.hypot(*(o.position[:2] - c[:2])) > reach or kind == BOX
+    # the frames carry the same objects (positions may move by the shot times of their points)
+    a = simulate_frame("avia", seed=5, scene=mode)
+    b = simulate_frame("avia", seed=5, scene=mode, ped_context=1.0)
+    assert np.array_equal(a.labels, b.labels) and np.allclose(a.boxes[:, 3:], b.boxes[:, 3:])
+    assert np.abs(a.boxes[:, :3] - b.boxes[:, :3]).max() < 0.15
+    with pytest.raises(ConfigError):
+        make_scene(seed=5, mode=mode, ped_context=-0.1)
+
+
 @pytest.mark.parametrize("name", ["avia", "horizon", "mid70"])
 def test_pattern_does_not_repeat(name):
     scene = make_scene(0, "open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0)

@@ -652,7 +652,7 @@ def _object_radius(parts: Primitives) -> float:
 def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None, n_pedestrians: int | None = None,
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
                moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0,
-               ped_groups: float = 0.0, large_vehicles: float = 1.0) -> Scene:
+               ped_groups: float = 0.0, large_vehicles: float = 1.0, ped_context: float = 0.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -666,6 +666,9 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     (0 = none, the original scenes): two people 0.6-0.9 m apart must stay two pedestrians, not one cyclist.
     ``large_vehicles``: density of the trucks and buses driving in a street's lanes (1: 0-3 tried per 180 m of
     road; 0: only the parked ones).
+    ``ped_context``: share of pedestrians given unlabelled surroundings within reach (a wall or fence along their
+    path, a shrub, a pole; 0 = none, the original scenes, where every pedestrian stands clear of everything):
+    the real pedestrians the detector misses stand against walls, in shrubs and beside poles.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -677,6 +680,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         raise ConfigError(f"large_vehicles must be in [0, 10], got {large_vehicles!r}")
     if not 0.0 <= ped_groups <= 1.0:
         raise ConfigError(f"ped_groups is a share in [0, 1], got {ped_groups!r}")
+    if not 0.0 <= ped_context <= 1.0:
+        raise ConfigError(f"ped_context is a share in [0, 1], got {ped_context!r}")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
         if v is not None and v < 0:
             raise ConfigError(f"{name} must be >= 0")
@@ -688,7 +693,59 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         scn = _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, lookalikes)
     if ped_groups > 0:
         _add_companions(scn, np.random.default_rng([int(seed), 13]), ped_groups)
+    if ped_context > 0:
+        _add_pedestrian_context(scn, np.random.default_rng([int(seed), 19]), ped_context)
     return scn
+
+
+def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) -> None:
+    """Put unlabelled surroundings within 0.3-0.7 m of a ``share`` of the pedestrians: a wall, facade or fence
+    parallel to their heading (3-10 m long, so a walking one stays beside it), or, for a standing one, a shrub
+    or a pole. Nothing is placed where it would reach another object's footprint. Own random stream: the
+    rest of the scene is unchanged."""
+    others = [(ob.position[0], ob.position[1], _object_radius(ob.parts), ob.object_id) for ob in scn.objects]
+    b = PrimitiveBuilder()
+    for ob in [o for o in scn.objects if o.label == PEDESTRIAN]:
+        if rng.random() >= share or (scn.mode == "street" and abs(np.cos(ob.yaw)) < 0.7):
+            continue  # (not on one crossing the street: a wall along its path would close the road)
+        x, y, z0 = (float(v) for v in ob.position)
+        fwd = np.array([np.cos(ob.yaw), np.sin(ob.yaw)])
+        left = np.array([-fwd[1], fwd[0]])
+        side = float(rng.choice((-1.0, 1.0)))
+        moving = bool(np.any(ob.velocity != 0))
+        u = 0.0 if moving else rng.random()
+        gap = float(rng.uniform(0.3, 0.7))  # from the pedestrian's centre to the surface
+        if u < 0.5:  # wall / facade (solid) or fence (partly transparent) along the path
+            length, thick = float(rng.uniform(3.0, 10.0)), float(rng.uniform(0.05, 0.35))
+            height = float(rng.uniform(1.0, 3.5))
+            c = np.array([x, y]) + side * (gap + thick / 2) * left + float(rng.uniform(-0.3, 0.3)) * length * fwd
+            probe = [c + t * fwd for t in np.linspace(-length / 2, length / 2, max(2, int(length / 0.5)))]
+            reach = thick / 2
+            fence = rng.random() < 0.35
+            add = lambda: b.add(BOX, (c[0], c[1], z0 + height / 2), (length / 2, thick / 2, height / 2),
+                                rot_z(ob.yaw), reflect=float(rng.uniform(0.08, 0.4)),
+                                hit_prob=float(rng.uniform(0.3, 0.9)) if fence else 1.0)
+        elif u < 0.8:  # shrub touching them
+            r = float(rng.uniform(0.4, 1.1))
+            ang = float(rng.uniform(0, 2 * np.pi))
+            c = np.array([x, y]) + (gap + r) * np.array([np.cos(ang), np.sin(ang)])
+            probe, reach = [c], r
+            k = float(rng.uniform(2.0, 5.0))
+            add = lambda: b.add(ELLIPSOID, (c[0], c[1], z0 + r * 0.6), (r, r * rng.uniform(0.7, 1.3), r * 0.7),
+                                reflect=0.4, volume_k=k)
+        else:  # pole / sign post
+            h, pr = float(rng.uniform(2.5, 8.0)), float(rng.uniform(0.04, 0.15))
+            ang = float(rng.uniform(0, 2 * np.pi))
+            c = np.array([x, y]) + gap * np.array([np.cos(ang), np.sin(ang)])
+            probe, reach = [c], pr
+            add = lambda: b.add(CYLINDER, (c[0], c[1], z0 + h / 2), (pr, pr, h / 2),
+                                reflect=float(rng.uniform(0.1, 0.35)))
+        if any(oid != ob.object_id and np.hypot(p[0] - ox, p[1] - oy) < orad + reach + 0.1
+               for p in probe for ox, oy, orad, oid in others):
+            continue
+        add()
+        others.append((float(c[0]), float(c[1]), reach, -1))
+    scn.static = Primitives.concat([scn.static, b.build()])
 
 
 def _add_companions(scn: Scene, rng: np.random.Generator, share: float) -> None:
