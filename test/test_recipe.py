@@ -49,8 +49,8 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     recipe, out, final = tiny_run
     assert final == out / "lite.safetensors"
     names = [s.name for s in recipe.stages]
-    assert names[0] == "stage1" and names[-4:] == ["stage17-large-refiner", "stage18-trucks", "stage18-trucks2",
-                                                   "stage18-large-refiner"] and len(names) == 24
+    assert names[0] == "stage1" and names[-4:] == ["stage18-trucks", "stage18-trucks2", "stage18-large-refiner",
+                                                   "stage19-ped-context"] and len(names) == 25
     for stage in recipe.stages:
         args = json.loads(_meta(recipe_mod.stage_weights(out, stage))["train_args"])
         assert (args["stage"], args["seed"], args["steps"]) == (stage.kind, stage.seed, stage.steps)
@@ -65,11 +65,12 @@ def test_recipe_runs_every_stage_in_order_into_one_directory(tiny_run):
     cfg = ModelConfig.load("lite")
     load_weights(build_model(cfg), cfg, final)
     # stage 18's output is its run averaged with stage 17 (its second refiner the run's own), and says so
-    meta = _meta(final)
+    s18 = recipe_mod.stage_weights(out, recipe.stage("stage18-large-refiner"))
+    meta = _meta(s18)
     assert meta["averaged_with"] == "stage stage17-large-refiner" and meta["average_weight"] == "0.5"
     s17 = load_file(str(recipe_mod.stage_weights(out, recipe.stage("stage17-large-refiner"))))
     run = load_file(str(out / "stages" / "stage18-large-refiner" / "stage18-large-refiner.best.safetensors"))
-    got = load_file(str(final))
+    got = load_file(str(s18))
     for prefix in ("backbone.", "head.", "refiner.", "refiner_large."):
         k = next(n for n in sorted(got) if n.startswith(prefix) and got[n].is_floating_point())
         want = run[k] if k.startswith("refiner_large.") else ((run[k].double() + s17[k].double()) / 2).to(run[k].dtype)
@@ -145,6 +146,8 @@ STAGE12_DATA = {  # the commands that made stage 12's (and 13's) shards (2026-12
     "M2": "--train-frames 900 --val-frames 100 --seed 405 --stack 2,4",
     "T2": "--train-frames 1000 --val-frames 100 --seed 407 --sim-option large_vehicles=3",  # stage 15 (2026-12-06)
     "T3": "--train-frames 1000 --val-frames 0 --seed 408 --sim-option large_vehicles=3",  # stage 16 / 17 (2026-12-06)
+    "C1": "--train-frames 500 --val-frames 0 --seed 821 --sim-option ped_context=0.8",  # stage 19 (2026-12-06)
+    "C2": "--train-frames 500 --val-frames 0 --seed 822 --sim-option ped_context=0.8",
 }
 
 
@@ -300,8 +303,24 @@ def test_stage18_second_refiner_is_the_command_that_made_the_shipped_weights(tmp
     assert mine == theirs
     assert stage.init == "stage18-trucks2" and [p.dataset for p in stage.train] == ["T1", "T2", "T3", "M1"]
     assert stage.average_with == {"stage": "stage17-large-refiner", "weight": 0.5, "keep": ["refiner_large."]}
-    meta = _meta(share_dir() / "models" / "lite.safetensors")
-    assert meta["averaged_with"] == "stage stage17-large-refiner" and meta["average_weight"] == "0.5"
+
+
+# stage 19 (2026-12-06): one detector round with the pedestrians-in-context sets (--model: models/lite.yaml); the
+# same command with --real-sources kitti / av2 from each fold's stage-18 file made the fold files' runs
+STAGE19_TRAIN = {
+    "stage19-ped-context": ("--stage detector --train-frames 6300 --val-frames 200 --steps 1000 --val-every 500 "
+                            "--lr 2e-4 --seed 821 " + _REAL, "stage18-large-refiner",
+                            ["R2", "T1", "T2", "T3", "M1", "M2", "C1", "C2"]),
+}
+
+
+def test_stage19_is_the_command_that_made_the_shipped_weights(tmp_path):
+    ours = _check_real_fold_stage("stage19-ped-context", STAGE19_TRAIN, tmp_path)
+    assert ours.model_config().architecture_hash() == ModelConfig.load("lite").architecture_hash()
+    # the shipped file is that run's last step, from the stage-18 file, on both folds
+    args = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
+    assert (args["stage"], args["seed"], args["steps"], args["lr"]) == ("detector", 821, 1000, 2e-4)
+    assert args["real"]["sources"] == ["kitti", "av2"]
 
 
 def test_stage17_is_the_command_that_made_the_shipped_weights(tmp_path):
@@ -320,14 +339,15 @@ def test_stage12_is_the_command_that_made_the_shipped_weights(stage, tmp_path):
 
 
 def test_the_shipped_weights_record_the_recipes_last_stage():
-    """models/lite.safetensors holds the last (stage-18) run's own arguments: the recipe's last stage must match them;
-    its detector was trained on both folds of the real scans (stage 15), and the file says so."""
+    """models/lite.safetensors holds the last (stage-19) run's own arguments: the recipe's last stage must match them;
+    its detector was trained on both folds of the real scans, and the file says so."""
     r = load_recipe(RECIPE)
     shipped = json.loads(_meta(share_dir() / "models" / "lite.safetensors")["train_args"])
     last = r.stages[-1]
     ours = json.loads(recipe_mod.stage_options(r, last, Path("/x"), None, Runtime()).to_json())
-    assert shipped["stage"] == ours["stage"] == "refine-large"
-    assert shipped["real"] is None and ours["real"] is None and shipped["fov_crop"] == ours["fov_crop"]
+    assert shipped["stage"] == ours["stage"] == "detector"
+    assert shipped["real"]["sources"] == ours["real"]["sources"] == ["kitti", "av2"]
+    assert shipped["real"]["share"] == ours["real"]["share"] and shipped["fov_crop"] == ours["fov_crop"]
     assert _meta(share_dir() / "models" / "lite.safetensors")["real_sources"] == "av2,kitti"
     for key in ("seed", "lr", "batch", "val_every", "train_frames", "val_frames", "weight_decay", "paste_probability",
                 "neighbour_weight", "corner_weight", "refine_box_beta", "refine_train_passes", "precision"):
@@ -429,7 +449,7 @@ def test_from_a_stage_needs_its_init_and_runs_only_the_rest(tiny_run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "stages").iterdir()) == [
         "stage10-refine", "stage12-trucks", "stage12-trucks2", "stage13-stacked", "stage13-stacked2", "stage15-trucks",
         "stage15-trucks2", "stage17-large-refiner", "stage18-large-refiner", "stage18-trucks", "stage18-trucks2",
-        "stage9", "stage9-refine"]
+        "stage19-ped-context", "stage9", "stage9-refine"]
     first = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage9-refine")))["train_args"])
     assert first["init"] == str(dst) and first["stage"] == "refine"
     args = json.loads(_meta(recipe_mod.stage_weights(tmp_path, recipe.stage("stage10-refine")))["train_args"])
