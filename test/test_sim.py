@@ -9,7 +9,7 @@ import pytest
 
 from livox_infer.errors import ConfigError
 from livox_infer.sim import SENSORS, dirs_to_angles, make_scene, simulate_drive, simulate_frame
-from livox_infer.sim.scene import BUS, CAR, CYCLIST, PEDESTRIAN, TRUCK
+from livox_infer.sim.scene import BUS, CAR, CYCLIST, PEDESTRIAN, TRUCK, _object_radius
 
 
 def _inside(points: np.ndarray, box: np.ndarray, tol: float) -> np.ndarray:
@@ -214,8 +214,12 @@ def test_pedestrian_context_puts_unlabelled_surroundings_within_reach_of_pedestr
             ok = (gap >= 0.3 - 1e-6) & (gap <= 0.7 + 1e-6)
         assert ok.any(), (kind, gap)
         reach = half[1] if kind == BOX else half[0]
-        for o in others:  # the part's centre line keeps clear of every other object's footprint
-            assert np.hypot(*(o.position[:2] - c[:2])) > reach or kind == BOX
+        axis = np.asarray(st.rot[i])[:2, 0]  # a wall's long axis
+        along = np.linspace(-half[0], half[0], 21)[:, None] * axis if kind == BOX else np.zeros((1, 2))
+        for o in others:  # the part (a wall along its whole length) keeps clear of every other object's footprint
+            d = np.hypot(*(c[:2] + along - o.position[:2]).T).min()
+            # a wall is probed every <= 0.6 m along its length: between two probes it may come 0.3 m closer
+            assert d > reach + _object_radius(o.parts) - (0.3 if kind == BOX else 0.0), (kind, d)
     # the frames carry the same objects (positions may move by the shot times of their points)
     a = simulate_frame("avia", seed=5, scene=mode)
     b = simulate_frame("avia", seed=5, scene=mode, ped_context=1.0)

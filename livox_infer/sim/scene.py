@@ -707,7 +707,7 @@ def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) 
     b = PrimitiveBuilder()
     for ob in [o for o in scn.objects if o.label == PEDESTRIAN]:
         if rng.random() >= share or (scn.mode == "street" and abs(np.cos(ob.yaw)) < 0.7):
-            continue  # (not on one crossing the street: a wall along its path would close the road)
+            continue  # (not on one facing across a street, crossing or not: a wall along its heading would close the road)
         x, y, z0 = (float(v) for v in ob.position)
         fwd = np.array([np.cos(ob.yaw), np.sin(ob.yaw)])
         left = np.array([-fwd[1], fwd[0]])
