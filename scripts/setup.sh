@@ -16,6 +16,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${LIVOX_INFER_VENV:-$REPO_ROOT/.venv}"
 STAMPS="$VENV/.livox_infer_setup"
+MIN_FREE_GB=4   # free disk the first pip install needs beside the venv
 cd "$REPO_ROOT"
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -72,6 +73,12 @@ create_venv() {
 install_requirements() {
     local want; want="$( { cat requirements.txt requirements-ros-build.txt requirements-ray.txt; "$VENV/bin/python" --version; } | sha256sum | cut -d' ' -f1)"
     stamp_ok requirements "$want" && return 0
+    # The installed venv is ~2.7 GB and pip unpacks wheels beside it: a full disk otherwise surfaces as a
+    # bare "[Errno 28]" from pip followed by the wheel-index hint below, which sends one looking in the wrong place.
+    local free_kb; free_kb="$(df -Pk "$VENV" 2>/dev/null | awk 'NR==2 {print $4}')"
+    if [ -n "$free_kb" ] && [ "$free_kb" -lt $((MIN_FREE_GB * 1024 * 1024)) ]; then
+        die "only $((free_kb / 1024)) MB free at $VENV; the pinned requirements need about ${MIN_FREE_GB} GB (free some disk, or set LIVOX_INFER_VENV to a roomier place)"
+    fi
     log "pip install -r requirements.txt -r requirements-ros-build.txt -r requirements-ray.txt (CPU torch; first run takes a few minutes)"
     # torch==X+cpu is only found in a local wheel directory or PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL),
     # never on the default index: a missing CPU wheel fails here instead of pulling the CUDA build.
@@ -79,7 +86,7 @@ install_requirements() {
         || die "pip could not install setuptools"
     "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
         -r requirements.txt -r requirements-ros-build.txt -r requirements-ray.txt \
-        || die "pip install failed (torch==2.13.0+cpu needs PyTorch's CPU wheel index as PIP_EXTRA_INDEX_URL, see docs/install.md)"
+        || die "pip install failed (read pip's error above; a missing torch==2.13.0+cpu wheel needs PyTorch's CPU wheel index as PIP_EXTRA_INDEX_URL, see docs/install.md)"
     stamp_set requirements "$want"
 }
 
