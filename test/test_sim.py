@@ -229,6 +229,45 @@ def test_pedestrian_context_puts_unlabelled_surroundings_within_reach_of_pedestr
         make_scene(seed=5, mode=mode, ped_context=-0.1)
 
 
+@pytest.mark.parametrize("mode", ["street", "open"])
+@pytest.mark.parametrize("seed", [7, 9])
+def test_pedestrians_by_cars_stand_at_parked_cars_doors_and_boots(mode, seed):
+    """ped_by_cars: labelled pedestrians 0.15-0.6 m from a parked car's body (the real misses stand beside parked
+    cars), clear of every other object; the scene's own objects unchanged; refused out of range."""
+    from livox_infer.sim.scene import parts_extent
+
+    plain = make_scene(seed=seed, mode=mode)
+    near = make_scene(seed=seed, mode=mode, ped_by_cars=1.0)
+    key = [(o.label, tuple(o.position), o.yaw) for o in plain.objects]
+    assert [(o.label, tuple(o.position), o.yaw) for o in near.objects[: len(key)]] == key
+    assert len(make_scene(seed=seed, mode=mode, ped_by_cars=0.0).objects) == len(plain.objects)
+    added = near.objects[len(key):]
+    parked = [o for o in plain.objects if o.label == CAR and not np.any(o.velocity != 0)]
+    assert len(added) >= max(2, len(parked) // 3) and all(o.label == PEDESTRIAN for o in added)
+    assert len({o.object_id for o in near.objects}) == len(near.objects)
+
+    def gap_to_body(car, xy):  # from a point to the car's footprint rectangle (object frame, parts' extent)
+        ext = parts_extent(car.parts, np.eye(3))
+        lo, hi = (car.parts.center - ext).min(0), (car.parts.center + ext).max(0)
+        c, s_ = np.cos(car.yaw), np.sin(car.yaw)
+        d = xy - car.position[:2]
+        lx, ly = c * d[0] + s_ * d[1], -s_ * d[0] + c * d[1]
+        return float(np.hypot(max(lo[0] - lx, lx - hi[0], 0.0), max(lo[1] - ly, ly - hi[1], 0.0)))
+
+    for p in added:
+        gaps = [gap_to_body(car, p.position[:2]) for car in parked]
+        assert 0.15 + 0.25 - 0.05 <= min(gaps) <= 0.6 + 0.25 + 0.05, min(gaps)  # centre = body surface + 0.25 m
+        host = parked[int(np.argmin(gaps))]
+        for o in near.objects:  # nobody else within reach of its body
+            if o is not p and o.object_id != host.object_id:
+                assert np.hypot(*(o.position[:2] - p.position[:2])) >= _object_radius(o.parts) + 0.35 - 1e-6
+        assert np.hypot(*p.velocity) <= 1.3 + 1e-9
+    f = simulate_frame("avia", seed=seed, scene=mode, ped_by_cars=1.0)
+    assert (f.labels == PEDESTRIAN).sum() > (simulate_frame("avia", seed=seed, scene=mode).labels == PEDESTRIAN).sum()
+    with pytest.raises(ConfigError):
+        make_scene(seed=seed, mode=mode, ped_by_cars=1.5)
+
+
 @pytest.mark.parametrize("name", ["avia", "horizon", "mid70"])
 def test_pattern_does_not_repeat(name):
     scene = make_scene(0, "open", n_cars=0, n_pedestrians=0, n_cyclists=0, clutter=0)

@@ -652,7 +652,8 @@ def _object_radius(parts: Primitives) -> float:
 def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None, n_pedestrians: int | None = None,
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
                moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0,
-               ped_groups: float = 0.0, large_vehicles: float = 1.0, ped_context: float = 0.0) -> Scene:
+               ped_groups: float = 0.0, large_vehicles: float = 1.0, ped_context: float = 0.0,
+               ped_by_cars: float = 0.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -669,6 +670,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     ``ped_context``: share of pedestrians given unlabelled surroundings within reach (a wall or fence along their
     path, a shrub, a pole; 0 = none, the original scenes, where every pedestrian stands clear of everything):
     the real pedestrians the detector misses stand against walls, in shrubs and beside poles.
+    ``ped_by_cars``: share of parked cars given a pedestrian (labelled) at a door or at the boot, 0.15-0.6 m from
+    the body (0 = none, the original scenes): others of the real misses stand beside a parked car.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -682,6 +685,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         raise ConfigError(f"ped_groups is a share in [0, 1], got {ped_groups!r}")
     if not 0.0 <= ped_context <= 1.0:
         raise ConfigError(f"ped_context is a share in [0, 1], got {ped_context!r}")
+    if not 0.0 <= ped_by_cars <= 1.0:
+        raise ConfigError(f"ped_by_cars is a share in [0, 1], got {ped_by_cars!r}")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
         if v is not None and v < 0:
             raise ConfigError(f"{name} must be >= 0")
@@ -693,6 +698,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         scn = _open(rng, seed, n_cars, n_pedestrians, n_cyclists, clutter, length, moving, lookalikes)
     if ped_groups > 0:
         _add_companions(scn, np.random.default_rng([int(seed), 13]), ped_groups)
+    if ped_by_cars > 0:  # before the context: walls and shrubs then keep clear of these pedestrians too
+        _add_pedestrians_by_cars(scn, np.random.default_rng([int(seed), 23]), ped_by_cars)
     if ped_context > 0:
         _add_pedestrian_context(scn, np.random.default_rng([int(seed), 19]), ped_context)
     return scn
@@ -746,6 +753,41 @@ def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) 
         add()
         others.append((float(c[0]), float(c[1]), reach, -1))
     scn.static = Primitives.concat([scn.static, b.build()])
+
+
+def _add_pedestrians_by_cars(scn: Scene, rng: np.random.Generator, share: float) -> None:
+    """Give a ``share`` of the parked cars a pedestrian (labelled) 0.15-0.6 m from the body: at a door (facing
+    the car, away from it, or along it) or at the boot; most stand, some walk slowly along the car. Left out where
+    its body would come within reach of another object. Own random stream: the rest of the scene is unchanged."""
+    placed = [(ob.position[0], ob.position[1], _object_radius(ob.parts), ob.object_id) for ob in scn.objects]
+    next_id = max((ob.object_id for ob in scn.objects), default=-1) + 1
+    body = 0.25  # a pedestrian's half-width: the gap is measured from the car's body to the person's surface
+    for car in [o for o in scn.objects if o.label == CAR and not np.any(o.velocity != 0)]:
+        if rng.random() >= share:
+            continue
+        length, width = _footprint(car.parts)
+        fwd = np.array([np.cos(car.yaw), np.sin(car.yaw)])
+        left = np.array([-fwd[1], fwd[0]])
+        gap = float(rng.uniform(0.15, 0.6))
+        if rng.random() < 0.75:  # at a door, either side
+            side = float(rng.choice((-1.0, 1.0)))
+            off = float(rng.uniform(-0.35, 0.35)) * length * fwd + side * (width / 2 + gap + body) * left
+            facing = float(rng.choice((0.0, np.pi, np.pi / 2, -np.pi / 2)))  # along the car, or to / from it
+        else:  # at the boot
+            off = -(length / 2 + gap + body) * fwd + float(rng.uniform(-0.3, 0.3)) * width * left
+            facing = float(rng.choice((np.pi / 2, -np.pi / 2, 0.0)))  # along the bumper, or facing the boot
+        x, y = car.position[0] + off[0], car.position[1] + off[1]
+        if any(oid != car.object_id and np.hypot(x - px, y - py) < pr + body + 0.1 for px, py, pr, oid in placed):
+            continue
+        parts = build_pedestrian(rng)
+        yaw = float(car.yaw + facing + rng.normal(0, 0.2))
+        vel = np.zeros(2)
+        if rng.random() < 0.3 and abs(np.sin(facing)) < 0.5:  # walking past along the car
+            vel = float(rng.uniform(0.5, 1.3)) * np.array([np.cos(yaw), np.sin(yaw)])
+        z = float(scn.ground.height(x, y))
+        scn.objects.append(SceneObject(PEDESTRIAN, parts, np.array([x, y, z]), yaw, vel, next_id))
+        placed.append((x, y, _object_radius(parts), next_id))
+        next_id += 1
 
 
 def _add_companions(scn: Scene, rng: np.random.Generator, share: float) -> None:
