@@ -705,6 +705,13 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     return scn
 
 
+def _reaches_another(others: list, points, reach: float, own_id: int) -> bool:
+    """Whether something of radius ``reach`` at any of ``points`` (x, y) comes within 0.1 m of one of ``others``
+    ((x, y, radius, object_id) circles), the one with ``own_id`` aside."""
+    return any(oid != own_id and np.hypot(p[0] - ox, p[1] - oy) < orad + reach + 0.1
+               for p in points for ox, oy, orad, oid in others)
+
+
 def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) -> None:
     """Put unlabelled surroundings within 0.3-0.7 m of a ``share`` of the pedestrians: a wall, facade or fence
     parallel to their heading (3-10 m long, so a walking one stays beside it), or, for a standing one, a shrub
@@ -747,8 +754,7 @@ def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) 
             probe, reach = [c], pr
             add = lambda: b.add(CYLINDER, (c[0], c[1], z0 + h / 2), (pr, pr, h / 2),
                                 reflect=float(rng.uniform(0.1, 0.35)))
-        if any(oid != ob.object_id and np.hypot(p[0] - ox, p[1] - oy) < orad + reach + 0.1
-               for p in probe for ox, oy, orad, oid in others):
+        if _reaches_another(others, probe, reach, ob.object_id):
             continue
         add()
         others.append((float(c[0]), float(c[1]), reach, -1))
@@ -777,7 +783,7 @@ def _add_pedestrians_by_cars(scn: Scene, rng: np.random.Generator, share: float)
             off = -(length / 2 + gap + body) * fwd + float(rng.uniform(-0.3, 0.3)) * width * left
             facing = float(rng.choice((np.pi / 2, -np.pi / 2, 0.0)))  # along the bumper, or facing the boot
         x, y = car.position[0] + off[0], car.position[1] + off[1]
-        if any(oid != car.object_id and np.hypot(x - px, y - py) < pr + body + 0.1 for px, py, pr, oid in placed):
+        if _reaches_another(placed, [(x, y)], body, car.object_id):
             continue
         parts = build_pedestrian(rng)
         yaw = float(car.yaw + facing + rng.normal(0, 0.2))

@@ -17,8 +17,7 @@ from livox_infer.sim.sensors import SensorModel, get_sensor
 TAG_NORMAL, TAG_NOISE_HIGH, TAG_NOISE_MODERATE = 0, 1, 2
 
 SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene",
-                 "lookalikes", "ped_groups", "large_vehicles", "ped_context",
-                 "ped_by_cars")
+                 "lookalikes", "ped_groups", "large_vehicles", "ped_context", "ped_by_cars")
 FRAME_OPTIONS = (
     "sensor_height", "pitch_deg", "roll_deg", "yaw_deg", "period", "ego_speed", "range_noise", "dropout",
     "mixed_edges", "false_alarm_rate", "max_box_range", "yaw_rate_dps", "deskew",
