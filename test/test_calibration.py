@@ -96,3 +96,29 @@ def test_best_f1_threshold():
     assert b["threshold"] in (0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7) and b["precision"] == 1.0 and b["recall"] == 0.75
     assert b["threshold"] == 0.35  # the lowest threshold reaching the best F1
     assert math.isnan(best_f1_threshold(s, r, num_gt=0)["threshold"])
+
+
+def test_cross_fitted_ece_judges_each_fit_on_the_other_sources_detections():
+    from livox_infer.evaluation.calibration import cross_fitted_ece
+
+    rng = np.random.default_rng(1)
+
+    def source(n, power):
+        s = rng.uniform(0.1, 1.0, n)
+        return s, rng.uniform(0, 1, n) < s ** power
+
+    # both sources over-confident the same way: each fit, learnt on the other, mends the held-out one
+    same = cross_fitted_ece({"a": source(1500, 2), "b": source(1500, 2)})
+    assert set(same["sources"]) == {"a", "b"} and same["sources"]["a"]["fitted_on"] == 1500
+    assert same["ece_before"] > 0.1 and same["ece_after"] < 0.04
+    for d in same["sources"].values():
+        assert d["ece_after"] < d["ece_before"] / 3
+    # opposite miscalibration: what one source teaches makes the other worse, and the held-out ECE says so
+    opposite = cross_fitted_ece({"a": source(1500, 2), "b": source(1500, 0.5)})
+    assert opposite["ece_after"] > opposite["ece_before"]
+    for key in ("ece_before", "ece_after"):  # a user of one sensor sees its own source's ECE: their weighted mean
+        assert opposite[key] == pytest.approx(np.mean([d[key] for d in opposite["sources"].values()]))
+    # a complement below the minimum is not fitted; one source alone has no complement
+    few = cross_fitted_ece({"a": source(1500, 2), "b": source(10, 2)})
+    assert set(few["sources"]) == {"b"}
+    assert cross_fitted_ece({"a": source(1500, 2)}) is None

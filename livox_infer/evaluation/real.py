@@ -556,8 +556,8 @@ def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cf
     import yaml
 
     from livox_infer.evaluation.calibration import (
-        best_f1_threshold, compose, expected_calibration_error, fit_knots, operating_points, outcomes, reliability,
-        reliability_table,
+        best_f1_threshold, compose, cross_fitted_ece, expected_calibration_error, fit_knots, operating_points, outcomes,
+        reliability, reliability_table,
     )
 
     in_view = _in_view(views, dets, args.fov, args.max_range)
@@ -590,6 +590,26 @@ def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cf
             knots = fit_knots(sc, right)
             if knots is not None:
                 table[c] = compose(knots, old.get(c))
+        # judged on detections each fit never saw: fit on one source's detections, score the other's
+        sources = sorted({v.source for v in views})
+        per_src = {}
+        for src in sources:
+            idx = [i for i, v in enumerate(views) if v.source == src]
+            per_src[src] = outcomes([in_view[i] for i in idx], [views[i].gt for i in idx],
+                                    [views[i].gt_ignore for i in idx], cfg.classes)
+        held_out = {}
+        print("== the fit judged on held-out detections: per source, fitted on the other sources' detections; "
+              "ECE before -> after, mean over the sources weighted by detections ==")
+        for c in cfg.classes:
+            cf = cross_fitted_ece({src: per_src[src][c] for src in sources})
+            if cf is None:
+                print(f"{c:<11} too few detections to fit on any source's complement")
+                continue
+            held_out[c] = cf
+            print(f"{c:<11} ECE {cf['ece_before']:.3f} -> {cf['ece_after']:.3f} (" + "; ".join(
+                f"{src}: {d['detections']} detections, {d['ece_before']:.3f} -> {d['ece_after']:.3f}, fitted on "
+                f"{d['fitted_on']}" for src, d in cf["sources"].items()) + ")")
+        out["held_out_fit"] = held_out
         counts = ", ".join(f"{c} {len(res[c][0])}" for c in cfg.classes)
         Path(args.fit_calibration).write_text(
             f"# fitted by livox-infer eval --real --fit-calibration on {counts} detections\n"
