@@ -309,6 +309,44 @@ def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     load_weights(build_model(cfg), cfg, tmp_path / "best.safetensors")
 
 
+def test_weight_average_follows_the_weights_with_a_ramped_decay():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    avg = train_mod.WeightAverage(net, 0.9)
+    assert not any(p.requires_grad for p in avg.model.parameters())
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+        net[1].running_mean.fill_(4.0)
+        net[1].num_batches_tracked.fill_(7)
+    avg.update(net)  # first step: decay min(0.9, 2 / 11): the average moves most of the way
+    w = avg.model[0].weight
+    assert torch.allclose(w, start["0.weight"] + 1.0 - 2.0 / 11.0, atol=1e-6)
+    assert torch.allclose(avg.model[1].running_mean, torch.full((2,), 4.0 * (1 - 2.0 / 11.0)), atol=1e-6)
+    assert int(avg.model[1].num_batches_tracked) == 7  # integer buffers are copied
+    for _ in range(200):  # held weights: the average converges to them
+        avg.update(net)
+    assert torch.allclose(avg.model[0].weight, net[0].weight, atol=1e-6) and avg.steps == 201
+    with pytest.raises(ConfigError, match="ema-decay"):
+        train_mod.TrainOptions(ema_decay=1.0).check()
+
+
+@pytest.mark.slow  # a short training run: ~4 s
+def test_train_writes_the_weight_average_beside_the_weights(tiny_dataset, tmp_path):
+    args, work = _fresh_run(tiny_dataset, tmp_path, ema_decay=0.5, keep_checkpoints=True)
+    assert train_mod.main(args) == 0
+    last, _ = _tensors(tmp_path / "best.safetensors")
+    ema, meta = _tensors(work / "ema.safetensors")
+    assert meta["ema_decay"] == "0.5" and meta["ema_steps"] == "4" and meta["step"] == "4" and "val_score" not in meta
+    assert (work / "step-000002.ema.safetensors").is_file()
+    moved = [k for k in last if last[k].is_floating_point() and not torch.equal(last[k], ema[k])]
+    assert moved and set(ema) == set(last)
+    from livox_infer.detector import build_model, load_weights
+
+    cfg = ModelConfig.load(args.config)
+    load_weights(build_model(cfg), cfg, work / "ema.safetensors")
+
+
 @pytest.mark.slow  # three short training runs: ~8 s
 def test_train_is_reproducible_and_resumes_to_the_same_weights(tiny_dataset, tmp_path, monkeypatch):
     a_args, _ = _fresh_run(tiny_dataset, tmp_path / "a")

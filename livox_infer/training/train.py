@@ -529,6 +529,32 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
                        box_beta)
 
 
+class WeightAverage:
+    """An exponential moving average of a network's weights over the optimizer steps (``--ema-decay``): a copy of
+    the network whose floating tensors (parameters and BatchNorm statistics) follow ``decay`` * average +
+    (1 - decay) * current after each step; integer buffers are copied. The decay ramps up as (1 + n) / (10 + n)
+    over the first steps, so the average is not dominated by the starting weights of a short fine-tune."""
+
+    def __init__(self, net: torch.nn.Module, decay: float):
+        import copy
+
+        self.decay = float(decay)
+        self.model = copy.deepcopy(net).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.steps = 0
+
+    @torch.no_grad()
+    def update(self, net: torch.nn.Module) -> None:
+        self.steps += 1
+        d = min(self.decay, (1.0 + self.steps) / (10.0 + self.steps))
+        for avg, cur in zip(self.model.state_dict().values(), net.state_dict().values()):
+            if avg.dtype.is_floating_point:
+                avg.lerp_(cur.detach(), 1.0 - d)
+            else:
+                avg.copy_(cur)
+
+
 def lr_at(progress: float, peak: float, warmup: float = 0.05) -> float:
     """Linear warm-up over the first 5 % of training, then cosine decay to 2 % of the peak."""
     if progress < warmup:
@@ -590,6 +616,7 @@ class TrainOptions:
     real: RealTrainingSpec | None = None  # real labelled scans mixed into the batches (cross-validation folds)
     fov_crop: float = 0.0  # share of training frames cropped to a random Livox-like forward cone
     stack: tuple[int, int] | None = None  # newly simulated samples stack this many frames (min, max): --stack
+    ema_decay: float = 0.0  # > 0: also keep an exponential moving average of the weights (<work-dir>/ema.safetensors)
 
     def model_config(self) -> ModelConfig:
         return self.config if isinstance(self.config, ModelConfig) else ModelConfig.load(self.config)
@@ -621,6 +648,8 @@ class TrainOptions:
             raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
         if not 0.0 <= self.fov_crop <= 1.0:
             raise ConfigError("--fov-crop must be in [0, 1]")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
         if self.real is not None:
             self.real.check()
         if self.stack is not None:
@@ -759,6 +788,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also save the weights of every validation as <work-dir>/step-NNNNNN.safetensors "
                         "(to choose among them on other data, e.g. livox-infer eval --real)")
+    p.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D",
+                   help="also keep an exponential moving average of the weights (decay D per step, e.g. 0.995; 0 = "
+                        "off), written beside the weights as <work-dir>/ema.safetensors at every validation "
+                        "(step-NNNNNN.ema.safetensors with --keep-checkpoints); a resumed run's average restarts there")
     p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                    help="train for this many minutes of wall time: progress (and the LR schedule) is then "
                         "max(step/steps, elapsed/budget), so the schedule completes on a slow or busy machine "
@@ -797,7 +830,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         write_models=getattr(args, "write_models", False),
         real=None if not args.real else RealTrainingSpec(
             args.real, tuple(x.strip() for x in str(args.real_sources).split(",") if x.strip()), args.real_share),
-        fov_crop=args.fov_crop,
+        fov_crop=args.fov_crop, ema_decay=args.ema_decay,
         stack=parse_stack(args.stack),
     )
 
@@ -1007,6 +1040,7 @@ def train(opts: TrainOptions) -> TrainResult:
         trained.train()
     bar = tqdm(loader, total=max(0, end - start), desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
     ema = None
+    averaged = WeightAverage(net, opts.ema_decay) if opts.ema_decay else None
     step = start - 1
     progress = start / opts.steps
     completed = start  # steps whose optimizer update has finished: what an interrupt keeps
@@ -1032,6 +1066,8 @@ def train(opts: TrainOptions) -> TrainResult:
             torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
             opt.step()
             completed = step + 1
+            if averaged is not None:
+                averaged.update(net)
             ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
             bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
             done = step + 1
@@ -1056,6 +1092,13 @@ def train(opts: TrainOptions) -> TrainResult:
                     log.info("saved %s weights to %s", opts.select, out)
                 if opts.keep_checkpoints:
                     save_weights(net, cfg, work / f"step-{done:06d}.safetensors", extra=meta)
+                if averaged is not None:  # not validated: choose it on other data (eval --real), like the steps
+                    ema_meta = {**meta, "ema_decay": str(opts.ema_decay), "ema_steps": str(averaged.steps)}
+                    for k in ("val_score", "val_ap"):
+                        ema_meta.pop(k)
+                    save_weights(averaged.model, cfg, work / "ema.safetensors", extra=ema_meta)
+                    if opts.keep_checkpoints:
+                        save_weights(averaged.model, cfg, work / f"step-{done:06d}.ema.safetensors", extra=ema_meta)
                 save_checkpoint(ckpt, net, opt, cfg, done, best, args_json)
                 with open(work / "history.jsonl", "a") as f:
                     f.write(json.dumps(history[-1]) + "\n")
