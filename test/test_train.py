@@ -319,14 +319,23 @@ def test_weight_average_follows_the_weights_with_a_ramped_decay():
             p.add_(1.0)
         net[1].running_mean.fill_(4.0)
         net[1].num_batches_tracked.fill_(7)
-    avg.update(net)  # first step: decay min(0.9, 2 / 11): the average moves most of the way
+    avg.update(net)  # first step: decay 1 / 2, the mean of the start and the step
     w = avg.model[0].weight
-    assert torch.allclose(w, start["0.weight"] + 1.0 - 2.0 / 11.0, atol=1e-6)
-    assert torch.allclose(avg.model[1].running_mean, torch.full((2,), 4.0 * (1 - 2.0 / 11.0)), atol=1e-6)
+    assert torch.allclose(w, start["0.weight"] + 0.5, atol=1e-6)
+    assert torch.allclose(avg.model[1].running_mean, torch.full((2,), 2.0), atol=1e-6)
     assert int(avg.model[1].num_batches_tracked) == 7  # integer buffers are copied
-    for _ in range(200):  # held weights: the average converges to them
+    with torch.no_grad():
+        net[0].weight.add_(3.0)
+    avg.update(net)  # decay 2 / 3: the plain mean of start, start + 1 and start + 4
+    assert torch.allclose(avg.model[0].weight, start["0.weight"] + 5.0 / 3.0, atol=1e-6)
+    for _ in range(8):  # from step 1 / (1 - 0.9) = 10 on the decay stays 0.9
         avg.update(net)
-    assert torch.allclose(avg.model[0].weight, net[0].weight, atol=1e-6) and avg.steps == 201
+    before = avg.model[0].weight.clone()
+    avg.update(net)
+    assert torch.allclose(avg.model[0].weight, 0.9 * before + 0.1 * net[0].weight, atol=1e-6)
+    for _ in range(300):  # held weights: the average converges to them
+        avg.update(net)
+    assert torch.allclose(avg.model[0].weight, net[0].weight, atol=1e-5) and avg.steps == 311
     with pytest.raises(ConfigError, match="ema-decay"):
         train_mod.TrainOptions(ema_decay=1.0).check()
 

@@ -532,8 +532,10 @@ def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg:
 class WeightAverage:
     """An exponential moving average of a network's weights over the optimizer steps (``--ema-decay``): a copy of
     the network whose floating tensors (parameters and BatchNorm statistics) follow ``decay`` * average +
-    (1 - decay) * current after each step; integer buffers are copied. The decay ramps up as (1 + n) / (10 + n)
-    over the first steps, so the average is not dominated by the starting weights of a short fine-tune."""
+    (1 - decay) * current after each step; integer buffers are copied. Until step 1 / (1 - decay) the decay is
+    n / (n + 1), a plain mean of the weights so far, so the starting weights of a short fine-tune fade as 1 / n
+    instead of holding a share decay^n (TensorFlow's (1 + n) / (10 + n) ramp instead would cap a 1000-step run's
+    decay at 0.991, whatever was asked)."""
 
     def __init__(self, net: torch.nn.Module, decay: float):
         import copy
@@ -547,7 +549,7 @@ class WeightAverage:
     @torch.no_grad()
     def update(self, net: torch.nn.Module) -> None:
         self.steps += 1
-        d = min(self.decay, (1.0 + self.steps) / (10.0 + self.steps))
+        d = min(self.decay, self.steps / (self.steps + 1.0))
         for avg, cur in zip(self.model.state_dict().values(), net.state_dict().values()):
             if avg.dtype.is_floating_point:
                 avg.lerp_(cur.detach(), 1.0 - d)
