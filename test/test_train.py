@@ -309,7 +309,7 @@ def test_train_writes_weights_history_and_checkpoint(tiny_dataset, tmp_path):
     load_weights(build_model(cfg), cfg, tmp_path / "best.safetensors")
 
 
-def test_weight_average_follows_the_weights_with_a_ramped_decay():
+def test_weight_average_is_a_mean_then_an_exponential_decay():
     net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     avg = train_mod.WeightAverage(net, 0.9)
     assert not any(p.requires_grad for p in avg.model.parameters())
