@@ -1041,7 +1041,7 @@ def train(opts: TrainOptions) -> TrainResult:
     if refining:
         trained.train()
     bar = tqdm(loader, total=max(0, end - start), desc=f"train {cfg.name}" + (" refiner" if refining else ""), unit="step")
-    ema = None
+    smoothed = None  # the loss terms, smoothed for the progress bar and the log
     averaged = WeightAverage(net, opts.ema_decay) if opts.ema_decay else None
     step = start - 1
     progress = start / opts.steps
@@ -1070,8 +1070,8 @@ def train(opts: TrainOptions) -> TrainResult:
             completed = step + 1
             if averaged is not None:
                 averaged.update(net)
-            ema = parts if ema is None else {k: 0.95 * ema[k] + 0.05 * parts[k] for k in parts}
-            bar.set_postfix(**{k: f"{v:.3f}" for k, v in ema.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
+            smoothed = parts if smoothed is None else {k: 0.95 * smoothed[k] + 0.05 * parts[k] for k in parts}
+            bar.set_postfix(**{k: f"{v:.3f}" for k, v in smoothed.items()}, lr=f"{opt.param_groups[0]['lr']:.1e}")
             done = step + 1
             out_of_time = progress >= 1.0
             if done % opts.val_every == 0 or done == end or out_of_time:
@@ -1082,10 +1082,10 @@ def train(opts: TrainOptions) -> TrainResult:
                 score = val_score(v)
                 ap = v["ap"]
                 log.info("step %d loss %s | val BEV AP %s (GT %s) score %.3f", done,
-                         " ".join(f"{k} {x:.3f}" for k, x in ema.items()),
+                         " ".join(f"{k} {x:.3f}" for k, x in smoothed.items()),
                          " ".join(f"{c}@{VAL_METRIC.get(c, 'bev@0.5')[4:]} {a[VAL_METRIC.get(c, 'bev@0.5')]:.3f}"
                                   for c, a in ap.items()), v["num_gt"], score)
-                history.append({"step": done, "loss": ema, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
+                history.append({"step": done, "loss": smoothed, "val": v, "score": score, "minutes": (time.time() - t_start) / 60})
                 meta = {"trained": "yes", "step": str(done), "val_score": f"{score:.4f}", "val_ap": json.dumps(v["ap"]),
                         "train_args": args_json, "real_sources": ",".join(real_sources)}
                 if score > best or opts.select == "last":
