@@ -181,15 +181,21 @@ def _in_view(views: Sequence[RealView], detections: Sequence[FrameBoxes], fov: f
     return dets
 
 
+def source_groups(views: Sequence[RealView]) -> dict[str, list[int]]:
+    """The indices of each source's views, sources in the order first seen."""
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(views):
+        groups.setdefault(v.source, []).append(i)
+    return groups
+
+
 def evaluate_views(views: Sequence[RealView], detections: Sequence[FrameBoxes], classes: Sequence[str] = CLASS_NAMES,
                    fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE,
                    range_bin: tuple[float, float] | None = None) -> dict[str, EvalResult]:
     """AP per source and pooled ("all") of detections aligned with ``views`` (one FrameBoxes per view);
     ``range_bin`` (lo, hi) metres: only objects at that BEV distance count (`metrics.evaluate`)."""
     dets = _in_view(views, detections, fov, max_range)
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(views):
-        groups.setdefault(v.source, []).append(i)
+    groups = source_groups(views)
     groups["all"] = list(range(len(views)))
     out = {}
     for name, idx in groups.items():
@@ -436,7 +442,8 @@ def cross_validated_detections(views: Sequence[RealView], folds: dict[str, str],
                                make_pipeline: Callable[..., Any]) -> list[FrameBoxes]:
     """Detections of every view by the weights named for its source, after checking that those weights
     never saw that source (ConfigError otherwise, and for a source without weights)."""
-    missing = sorted({v.source for v in views} - set(folds))
+    groups = source_groups(views)
+    missing = sorted(set(groups) - set(folds))
     if missing:
         raise ConfigError(f"--cross-validate: no weights for source(s) {', '.join(missing)}")
     dets: list[FrameBoxes | None] = [None] * len(views)
@@ -444,7 +451,7 @@ def cross_validated_detections(views: Sequence[RealView], folds: dict[str, str],
         if src in seen_sources(weights):
             raise ConfigError(f"--cross-validate {src}={weights}: these weights were trained on {src} frames; "
                               "a number on them is not accuracy")
-        idx = [i for i, v in enumerate(views) if v.source == src]
+        idx = groups.get(src, [])
         if not idx:
             continue
         fold_dets = detect_views([views[i] for i in idx], scan_detector(make_pipeline(weights)))
@@ -591,17 +598,14 @@ def reliability_report(views: Sequence[RealView], dets: Sequence[FrameBoxes], cf
             if knots is not None:
                 table[c] = compose(knots, old.get(c))
         # judged on detections each fit never saw: fit on one source's detections, score the other's
-        sources = sorted({v.source for v in views})
-        per_src = {}
-        for src in sources:
-            idx = [i for i, v in enumerate(views) if v.source == src]
-            per_src[src] = outcomes([in_view[i] for i in idx], [views[i].gt for i in idx],
-                                    [views[i].gt_ignore for i in idx], cfg.classes)
+        per_src = {src: outcomes([in_view[i] for i in idx], [views[i].gt for i in idx],
+                                 [views[i].gt_ignore for i in idx], cfg.classes)
+                   for src, idx in sorted(source_groups(views).items())}
         held_out = {}
         print("== the fit judged on held-out detections: per source, fitted on the other sources' detections; "
               "ECE before -> after, mean over the sources weighted by detections ==")
         for c in cfg.classes:
-            cf = cross_fitted_ece({src: per_src[src][c] for src in sources})
+            cf = cross_fitted_ece({src: res_src[c] for src, res_src in per_src.items()})
             if cf is None:
                 print(f"{c:<11} too few detections to fit on any source's complement")
                 continue
