@@ -230,6 +230,69 @@ def test_pedestrian_context_puts_unlabelled_surroundings_within_reach_of_pedestr
 
 
 @pytest.mark.parametrize("mode", ["street", "open"])
+def test_pedestrian_overhead_hangs_structure_over_pedestrians(mode):
+    """ped_overhead: tree crowns, awnings, shelter roofs over pedestrians (every real AV2 pedestrian with >= 30
+    points has structure over its head), their undersides 2.2-3.5 m above the pedestrian's ground; what stands on
+    the ground keeps clear of every object, what hangs keeps clear of trucks, buses and the ego path; the scene's
+    objects unchanged; a sensor that sees upwards gets points over the pedestrians' heads that it did not before."""
+    from livox_infer.sim.geometry import BOX, CYLINDER
+
+    plain = make_scene(seed=5, mode=mode, ped_context=0.8)
+    over = make_scene(seed=5, mode=mode, ped_context=0.8, ped_overhead=1.0)
+    assert len(make_scene(seed=5, mode=mode, ped_context=0.8, ped_overhead=0.0).static) == len(plain.static)
+    assert [(o.label, tuple(o.position), o.yaw) for o in over.objects] == [(o.label, tuple(o.position), o.yaw)
+                                                                          for o in plain.objects]
+    st, n0 = over.static, len(plain.static)
+    peds = [o for o in plain.objects if o.label == PEDESTRIAN]
+    hanging = 0
+    for i in range(n0, len(st)):
+        c, half, kind = np.asarray(st.center[i]), np.asarray(st.half[i]), int(st.kind[i])
+        rot = np.asarray(st.rot[i])
+        bottom = c[2] - half[2]
+        grounds = [p.position[2] for p in peds]
+        if min(abs(bottom - g) for g in grounds) > 1.0:  # a crown or roof: over a pedestrian, 2.2-3.5 m up
+            hanging += 1
+            local = np.array([rot.T @ np.r_[p.position[:2] - c[:2], 0.0] for p in peds])
+            if kind == BOX:
+                inside = (np.abs(local[:, 0]) <= half[0]) & (np.abs(local[:, 1]) <= half[1])
+            else:
+                inside = np.hypot(local[:, 0] / half[0], local[:, 1] / half[1]) <= 1.0
+            heights = np.array([bottom - p.position[2] for p in peds])
+            assert (inside & (heights >= 2.2 - 1e-6) & (heights <= 3.5 + 1e-6)).any(), (kind, heights[inside])
+            reach = float(np.hypot(half[0], half[1]))
+            assert abs(c[1] - over.ego_y) + reach >= 2.5 - 1e-6
+            for o in plain.objects:
+                if o.label in (TRUCK, BUS):
+                    assert np.hypot(*(c[:2] - o.position[:2])) > _object_radius(o.parts), o.label
+        else:  # a trunk, post, facade or glass panel standing on the ground: clear of every object
+            assert kind in (BOX, CYLINDER)
+            axis = rot[:2, 0]
+            along = np.linspace(-half[0], half[0], 21)[:, None] * axis if kind == BOX else np.zeros((1, 2))
+            reach = half[1] if kind == BOX else half[0]
+            for o in plain.objects:
+                d = np.hypot(*(c[:2] + along - o.position[:2]).T).min()
+                # probed every <= 0.5 m along its length: between two probes it may come 0.25 m closer
+                limit = 0.4 if o.label == PEDESTRIAN else reach + _object_radius(o.parts) - (0.25 if kind == BOX else 0)
+                assert d > limit - 1e-6, (kind, o.label, d)
+    assert hanging >= 2
+    # an upward-looking sensor sees the structure over the pedestrians' heads
+    def over_heads(frame):
+        pts = frame.points[frame.valid]
+        n = 0
+        for box, label in zip(frame.boxes, frame.labels):
+            if label == PEDESTRIAN:
+                d = np.hypot(pts[:, 0] - box[0], pts[:, 1] - box[1])
+                top = box[2] + box[5] / 2
+                n += int(((d < 1.0) & (pts[:, 2] > top + 0.3) & (pts[:, 2] < top + 4.0)).sum())
+        return n
+
+    kw = dict(seed=5, scene=mode, ped_context=0.8, sensor_height=1.8)
+    assert over_heads(simulate_frame("vlp32", ped_overhead=1.0, **kw)) > over_heads(simulate_frame("vlp32", **kw)) + 20
+    with pytest.raises(ConfigError):
+        make_scene(seed=5, mode=mode, ped_overhead=1.5)
+
+
+@pytest.mark.parametrize("mode", ["street", "open"])
 @pytest.mark.parametrize("seed", [7, 9])
 def test_pedestrians_by_cars_stand_at_parked_cars_doors_and_boots(mode, seed):
     """ped_by_cars: labelled pedestrians 0.15-0.6 m from a parked car's body (the real misses stand beside parked

@@ -653,7 +653,7 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
                moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0,
                ped_groups: float = 0.0, large_vehicles: float = 1.0, ped_context: float = 0.0,
-               ped_by_cars: float = 0.0) -> Scene:
+               ped_by_cars: float = 0.0, ped_overhead: float = 0.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -672,6 +672,11 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     the real pedestrians the detector misses stand against walls, in shrubs and beside poles.
     ``ped_by_cars``: share of parked cars given a pedestrian (labelled) at a door or at the boot, 0.15-0.6 m from
     the body (0 = none, the original scenes): others of the real misses stand beside a parked car.
+    ``ped_overhead``: share of pedestrians given unlabelled structure overhead, its underside 2.2-3.5 m above their
+    ground: a tree crown (its trunk 0.7-2.5 m away), an awning or arcade roof along a facade, a shelter roof on
+    posts (0 = none, the original scenes, where nothing hangs over a pedestrian): every real AV2 pedestrian with
+    >= 30 points has points within 1 m of it 0.3-4 m above its head, and sensors that see upwards (VLP-32C, the
+    Livox models) see them; a column under a crown is what the detector learnt as a tree trunk.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -687,6 +692,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         raise ConfigError(f"ped_context is a share in [0, 1], got {ped_context!r}")
     if not 0.0 <= ped_by_cars <= 1.0:
         raise ConfigError(f"ped_by_cars is a share in [0, 1], got {ped_by_cars!r}")
+    if not 0.0 <= ped_overhead <= 1.0:
+        raise ConfigError(f"ped_overhead is a share in [0, 1], got {ped_overhead!r}")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
         if v is not None and v < 0:
             raise ConfigError(f"{name} must be >= 0")
@@ -702,6 +709,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         _add_pedestrians_by_cars(scn, np.random.default_rng([int(seed), 23]), ped_by_cars)
     if ped_context > 0:
         _add_pedestrian_context(scn, np.random.default_rng([int(seed), 19]), ped_context)
+    if ped_overhead > 0:  # after the context: a facade there is kept clear of, as every other object is
+        _add_pedestrian_overhead(scn, np.random.default_rng([int(seed), 29]), ped_overhead)
     return scn
 
 
@@ -758,6 +767,94 @@ def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) 
             continue
         add()
         others.append((float(c[0]), float(c[1]), reach, -1))
+    scn.static = Primitives.concat([scn.static, b.build()])
+
+
+def _add_pedestrian_overhead(scn: Scene, rng: np.random.Generator, share: float) -> None:
+    """Put unlabelled structure over a ``share`` of the pedestrians, its underside 2.2-3.5 m above their ground:
+    a tree crown whose trunk stands 0.7-2.5 m away, an awning or arcade roof along a facade 0.4-3 m from them (not
+    for one facing across a street: the facade would close the road), or a shelter roof on four thin posts with a
+    glass back. What stands on the ground (trunk, facade, posts, panel) keeps clear of every object's footprint
+    and of the static structure this function placed; what hangs overhead keeps clear of trucks and buses (the
+    only objects reaching that high) and stays 2.5 m from the ego path (the sensor drives under nothing).
+    Own random stream: the rest of the scene is unchanged."""
+    others = [(ob.position[0], ob.position[1], _object_radius(ob.parts), ob.object_id) for ob in scn.objects]
+    tall = [(ob.position[0], ob.position[1], _object_radius(ob.parts), ob.object_id) for ob in scn.objects
+            if ob.label in (TRUCK, BUS)]
+    overhead: list[tuple[float, float, float, int]] = []  # (x, y, radius, -1) of the crowns / roofs placed
+
+    def clear_overhead(c, reach: float) -> bool:
+        if abs(float(c[1]) - scn.ego_y) - reach < 2.5 or (scn.mode == "open" and np.hypot(c[0], c[1]) - reach < 3):
+            return False
+        return not _reaches_another(tall + overhead, [c], reach, -2)
+
+    b = PrimitiveBuilder()
+    for ob in [o for o in scn.objects if o.label == PEDESTRIAN]:
+        if rng.random() >= share:
+            continue
+        p = np.asarray(ob.position[:2], float)
+        z0 = float(ob.position[2])
+        base = float(rng.uniform(2.2, 3.5))  # the structure's underside above the pedestrian's ground
+        u = rng.random()
+        if u < 0.5:  # a tree crown over them, its trunk beside them
+            ang = float(rng.uniform(0, 2 * np.pi))
+            dist = float(rng.uniform(0.7, 2.5))
+            trunk = p + dist * np.array([np.cos(ang), np.sin(ang)])
+            tr = float(rng.uniform(0.08, 0.25))
+            centre = trunk + (p - trunk) * float(rng.uniform(0.0, 0.6))  # the crown leans over them
+            rh = float(np.hypot(*(p - centre))) + float(rng.uniform(0.5, 2.0))
+            rv = float(rng.uniform(0.6, 1.8))
+            if _reaches_another(others, [trunk], tr, ob.object_id) or not clear_overhead(centre, rh):
+                continue
+            b.add(CYLINDER, (trunk[0], trunk[1], z0 + (base + 0.3) / 2), (tr, tr, (base + 0.3) / 2),
+                  reflect=float(rng.uniform(0.15, 0.3)))
+            b.add(ELLIPSOID, (centre[0], centre[1], z0 + base + rv), (rh, rh * float(rng.uniform(0.8, 1.1)), rv),
+                  reflect=float(rng.uniform(0.25, 0.5)), volume_k=float(rng.uniform(0.6, 2.5)))
+            others.append((float(trunk[0]), float(trunk[1]), tr, -1))
+            overhead.append((float(centre[0]), float(centre[1]), rh, -1))
+        elif u < 0.8:  # an awning / arcade roof / balcony along a facade behind them
+            if scn.mode == "street" and abs(np.cos(ob.yaw)) < 0.7:
+                continue
+            fwd = np.array([np.cos(ob.yaw), np.sin(ob.yaw)])
+            n = float(rng.choice((-1.0, 1.0))) * np.array([-fwd[1], fwd[0]])  # towards the facade
+            depth, length = float(rng.uniform(1.5, 3.5)), float(rng.uniform(4.0, 12.0))
+            gap = float(rng.uniform(0.4, min(3.0, depth - 0.3)))  # pedestrian centre -> facade
+            shift = float(rng.uniform(-0.3, 0.3)) * length * fwd
+            face = p + n * (gap + 0.15) + shift
+            roof = p + n * (gap - depth / 2) + shift
+            thick = float(rng.uniform(0.1, 0.5))
+            probe = [face + t * fwd for t in np.linspace(-length / 2, length / 2, max(2, int(length / 0.5)))]
+            if _reaches_another(others, probe, 0.15, ob.object_id) or not all(
+                    clear_overhead(roof + t * fwd, depth / 2) for t in np.linspace(-length / 2, length / 2, 5)):
+                continue
+            face_h = float(rng.uniform(base + 0.5, 8.0))
+            b.add(BOX, (face[0], face[1], z0 + face_h / 2), (length / 2, 0.15, face_h / 2), rot_z(ob.yaw),
+                  reflect=float(rng.uniform(0.08, 0.4)))
+            b.add(BOX, (roof[0], roof[1], z0 + base + thick / 2), (length / 2, depth / 2, thick / 2), rot_z(ob.yaw),
+                  reflect=float(rng.uniform(0.1, 0.5)), hit_prob=1.0 if rng.random() < 0.8 else 0.5)
+            others.extend((float(q[0]), float(q[1]), 0.15, -1) for q in probe)
+            overhead.extend((float(q[0]), float(q[1]), depth / 2, -1)
+                            for q in (roof + t * fwd for t in np.linspace(-length / 2, length / 2, 5)))
+        else:  # a shelter (bus stop) roof on four posts, a glass panel along one long side
+            yaw = float(ob.yaw + rng.choice((0.0, np.pi / 2)) + rng.normal(0, 0.1))
+            ax = np.array([np.cos(yaw), np.sin(yaw)])
+            ay = np.array([-ax[1], ax[0]])
+            hl, hw = float(rng.uniform(1.25, 2.5)), float(rng.uniform(0.6, 1.0))
+            centre = p - float(rng.uniform(-1, 1)) * (hl - 0.4) * ax - float(rng.uniform(-1, 1)) * (hw - 0.5) * ay
+            posts = [centre + sx * (hl - 0.05) * ax + sy * (hw - 0.05) * ay for sx in (-1, 1) for sy in (-1, 1)]
+            if (_reaches_another(others, posts, 0.06, ob.object_id) or min(np.hypot(*(q - p)) for q in posts) < 0.4
+                    or not clear_overhead(centre, float(np.hypot(hl, hw)))):
+                continue
+            roof_z = z0 + base
+            for q in posts:
+                b.add(CYLINDER, (q[0], q[1], z0 + base / 2), (0.05, 0.05, base / 2), reflect=0.3)
+            b.add(BOX, (centre[0], centre[1], roof_z + 0.06), (hl, hw, 0.06), rot_z(yaw),
+                  reflect=float(rng.uniform(0.15, 0.4)))
+            back = centre + float(rng.choice((-1.0, 1.0))) * (hw - 0.05) * ay
+            b.add(BOX, (back[0], back[1], z0 + 0.2 + (base - 0.3) / 2), (hl - 0.1, 0.02, (base - 0.3) / 2),
+                  rot_z(yaw), reflect=0.1, hit_prob=float(rng.uniform(0.2, 0.5)))
+            others.extend((float(q[0]), float(q[1]), 0.06, -1) for q in posts)
+            overhead.append((float(centre[0]), float(centre[1]), float(np.hypot(hl, hw)), -1))
     scn.static = Primitives.concat([scn.static, b.build()])
 
 
