@@ -161,6 +161,23 @@ def test_eval_cli_real_fit_calibration_judges_the_fit_per_source(real_dir, tmp_p
     assert json.loads(out.read_text())["reliability"]["held_out_fit"] == {}
 
 
+def test_eval_cli_real_confusion_counts_every_scored_object_once(real_dir, tmp_path, capsys):
+    """--confusion with --real: one outcome per labelled object the AP counts (not the ignored ones)."""
+    from livox_infer.tools.cli import main
+
+    root, _ = real_dir
+    out = tmp_path / "real.json"
+    assert main(["eval", "--real", str(root), "--no-compile", "--headings", "0,180", "--confusion",
+                 "--out", str(out)]) == 0
+    assert "labelled objects on the real views" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    views = load_real_dir(root, fov=80, max_range=80, headings=(0, 180))
+    for k, c in enumerate(("car", "pedestrian")):
+        want = sum(int(((v.gt.labels == k) & ~v.gt_ignore).sum()) for v in views)
+        assert want > 0 and res["confusion"][c]["objects"] == want
+        assert sum(n for key, n in res["confusion"][c].items() if key != "objects") == want
+
+
 def test_eval_cli_real_by_range_and_beyond_the_grid(real_dir, tmp_path, capsys):
     """--ranges scores each range bin of the real views (it was ignored with --real); the objects beyond the
     detection grid, which no detection can reach, are counted; --region, which --real cannot honour, is refused."""

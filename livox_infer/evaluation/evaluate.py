@@ -53,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also report AP per range bin of the object's BEV distance from the sensor, e.g. "
                         "'0,20,40,inf' (pooled over sensors, or per source with --real; GT and detections outside a bin "
                         "are left out)")
+    p.add_argument("--confusion", action="store_true",
+                   help="with --sim-frames or --real: also print what became of each labelled object per class: "
+                        "right, boxed well but called another class, poorly placed, no box "
+                        "(livox_infer/evaluation/confusion.py)")
     p.add_argument("--bev-extent", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), default=None,
                    help="run the network on this BEV extent in metres (multiples of 3.2 for lite) instead of the "
                         "model's, e.g. 0 80 -51.2 51.2 for an 80 m, ±40° cone; the same weights")
@@ -102,6 +106,9 @@ def main(args: argparse.Namespace) -> int:
     args.score_threshold = _default_score_threshold(args)
     try:
         parse_ranges(args.ranges)  # a bad --ranges fails before any detection runs
+        if getattr(args, "confusion", False) and not (args.real or (args.sim_frames and not args.tracking
+                                                                    and not args.sim_accumulate)):
+            raise ConfigError("--confusion works with --sim-frames N (without --tracking / --sim-accumulate) or --real DIR")
         if args.tracking:
             from livox_infer.evaluation.tracking import main_tracking
 
@@ -223,7 +230,7 @@ def _main_sim(args: argparse.Namespace) -> int:
 
         fns["baseline"] = base_fn
     sensors = sim_sensors(args)
-    collected: dict | None = {} if args.reliability else None
+    collected: dict | None = {} if (args.reliability or args.confusion) else None
     res = evaluate_on_simulation(fns, sensors, args.sim_frames, args.seed, cfg.classes, args.min_points, region,
                                  sim_options=sim_options, ranges=parse_ranges(args.ranges), collected=collected)
     out: dict[str, Any] = {"min_points": args.min_points, "region": list(region), "frames_per_sensor": args.sim_frames,
@@ -234,12 +241,19 @@ def _main_sim(args: argparse.Namespace) -> int:
         print(summary_table(per, f"== {name}: {args.sim_frames} held-out simulated frames per sensor, "
                                  f"AP R40, GT with < {args.min_points} points ignored =="))
         out[name] = {sensor: r.to_dict() for sensor, r in per.items()}
-    if collected:
+    if collected and args.reliability:
         from livox_infer.evaluation.calibration import simulated_reliability
 
         dets, gts = collected[f"model {cfg.name}"]
         out["reliability"] = simulated_reliability(dets, gts, cfg, args.min_points, region,
                                                    res[f"model {cfg.name}"]["all"].num_gt)
+    if collected and args.confusion:
+        from livox_infer.evaluation.confusion import confusion_report
+        from livox_infer.evaluation.metrics import in_region
+
+        dets, gts = collected[f"model {cfg.name}"]
+        ignore = [(g.num_points < args.min_points) | ~in_region(g.boxes, region) for g in gts]
+        out["confusion"] = confusion_report(dets, gts, ignore, cfg.classes, "the simulated frames")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))
     return 0

@@ -495,6 +495,12 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
         print(real_table(r, f"-- objects at {label} from the sensor --"))
         by_range[label] = {k: v.to_dict() for k, v in r.items()}
     extra = reliability_report(views, dets, cfg, args) if (args.reliability or args.fit_calibration) else None
+    confusion = None
+    if getattr(args, "confusion", False):
+        from livox_infer.evaluation.confusion import confusion_report
+
+        confusion = confusion_report(_in_view(views, dets, args.fov, args.max_range), [v.gt for v in views],
+                                     [v.gt_ignore for v in views], cfg.classes, "the real views")
     intervals, paired = None, None
     if args.bootstrap:
         intervals = bootstrap_intervals(views, dets, cfg.classes, args.bootstrap, fov=args.fov, max_range=args.max_range)
@@ -528,6 +534,8 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
             out["by_range"] = by_range
         if extra is not None:
             out["reliability"] = extra
+        if confusion is not None:
+            out["confusion"] = confusion
         if intervals is not None:
             out["bootstrap"] = {"resamples": args.bootstrap, "level": BOOTSTRAP_LEVEL, "unit": "scene", "all": intervals}
             if paired is not None:
