@@ -559,15 +559,19 @@ class DetectorNode(Node):
     def _restart_scene_on_time_jump_back(self, msg) -> None:
         """A stamp older than the last frame's (a looped or restarted bag, a sensor restart) starts a new scene: the
         pipeline forgets its smoothed ground estimates, as the tracker drops its tracks, so a replayed recording
-        gives the same boxes every time."""
+        gives the same boxes every time. So does the last frame's stamp again (a replay that lost the frames after
+        it, a duplicate delivery): counted twice, one frame would pull the smoothed ground towards its own estimate
+        and move the next frames' boxes by ~2 cm."""
         stamp = ros_msgs.message_stamp_ns(msg)
         last, self._last_detect_stamp = self._last_detect_stamp, stamp
-        if last is not None and stamp < last:
+        if last is not None and stamp <= last:
             reset = getattr(self._pipeline, "reset_ground", None)
             if reset is not None:
                 reset()
-            self.get_logger().info(f"time jumped back {(last - stamp) / 1e9:.3f} s: a new scene (ground estimate "
-                                   "and tracks restart)", throttle_duration_sec=WARN_THROTTLE_S)
+            what = (f"time jumped back {(last - stamp) / 1e9:.3f} s" if stamp < last else
+                    "the last frame's stamp again")
+            self.get_logger().info(f"{what}: a new scene (ground estimate restarts; tracks restart when time went "
+                                   "back)", throttle_duration_sec=WARN_THROTTLE_S)
 
     def _detect(self, msg):
         """The pipeline's detections, or None after counting and warning about a rejected / failed cloud."""
