@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from livox_infer.evaluation.metrics import IOU_THRESHOLDS, FrameBoxes, assign_frame, in_region
+from livox_infer.evaluation.metrics import IOU_THRESHOLDS, FrameBoxes, assign_frame, scored_in_region
 
 BIN_EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0001)
 KNOTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # raw scores the fitted table is given at
@@ -187,8 +187,7 @@ def simulated_reliability(dets, gts, cfg, min_points: int, region, num_gt: dict[
     the model's operating threshold and its best-F1 threshold, on held-out simulated frames (GT with fewer than
     ``min_points`` points or outside ``region`` neutral). Where few real labels exist (trucks, buses) these are
     the numbers an operating threshold can be chosen on."""
-    ignore = [(g.num_points < min_points) | ~in_region(g.boxes, region) for g in gts]
-    kept = [FrameBoxes(d.boxes[m], d.labels[m], d.scores[m]) for d in dets for m in [in_region(d.boxes, region)]]
+    kept, ignore = scored_in_region(dets, gts, min_points, region)
     res = outcomes(kept, gts, ignore, cfg.classes)
     print(reliability_table(res, "== reliability on the simulated frames: score bin -> detections: share right =="))
     ops = operating_points(res, dict(zip(cfg.classes, cfg.score_thresholds)), num_gt)

@@ -249,12 +249,10 @@ def _main_sim(args: argparse.Namespace) -> int:
                                                    res[f"model {cfg.name}"]["all"].num_gt)
     if collected and args.confusion:
         from livox_infer.evaluation.confusion import confusion_report
-        from livox_infer.evaluation.metrics import in_region
+        from livox_infer.evaluation.metrics import scored_in_region
 
         dets, gts = collected[f"model {cfg.name}"]
-        # as the AP: objects outside the region or with too few points are ignored, detections outside it dropped
-        ignore = [(g.num_points < args.min_points) | ~in_region(g.boxes, region) for g in gts]
-        kept = [FrameBoxes(d.boxes[m], d.labels[m], d.scores[m]) for d in dets for m in [in_region(d.boxes, region)]]
+        kept, ignore = scored_in_region(dets, gts, args.min_points, region)
         out["confusion"] = confusion_report(kept, gts, ignore, cfg.classes, "the simulated frames")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, allow_nan=True))

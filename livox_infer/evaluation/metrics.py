@@ -144,6 +144,15 @@ def in_region(boxes: np.ndarray, region) -> np.ndarray:
     return (boxes[:, 0] >= x0) & (boxes[:, 0] < x1) & (boxes[:, 1] >= y0) & (boxes[:, 1] < y1)
 
 
+def scored_in_region(dets: Sequence[FrameBoxes], gts: Sequence[FrameBoxes], min_points: int,
+                     region) -> tuple[list[FrameBoxes], list[np.ndarray]]:
+    """The detections and ground-truth ignore masks the AP scores on simulated frames: detections outside
+    ``region`` dropped; GT with fewer than ``min_points`` points or outside it ignored."""
+    kept = [FrameBoxes(d.boxes[m], d.labels[m], d.scores[m]) for d in dets for m in [in_region(d.boxes, region)]]
+    ignore = [(g.num_points < min_points) | ~in_region(g.boxes, region) for g in gts]
+    return kept, ignore
+
+
 def in_range_bin(boxes: np.ndarray, range_bin) -> np.ndarray:
     """Boxes whose centre lies at a BEV distance from the sensor in [lo, hi) (all when range_bin is None)."""
     boxes = np.asarray(boxes).reshape(-1, 7)

@@ -709,7 +709,7 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         _add_pedestrians_by_cars(scn, np.random.default_rng([int(seed), 23]), ped_by_cars)
     if ped_context > 0:
         _add_pedestrian_context(scn, np.random.default_rng([int(seed), 19]), ped_context)
-    if ped_overhead > 0:  # after the context: a facade there is kept clear of, as every other object is
+    if ped_overhead > 0:  # own stream; its trunks, facades and posts keep clear of the objects, not of context walls
         _add_pedestrian_overhead(scn, np.random.default_rng([int(seed), 29]), ped_overhead)
     return scn
 
@@ -824,8 +824,9 @@ def _add_pedestrian_overhead(scn: Scene, rng: np.random.Generator, share: float)
             roof = p + n * (gap - depth / 2) + shift
             thick = float(rng.uniform(0.1, 0.5))
             probe = [face + t * fwd for t in np.linspace(-length / 2, length / 2, max(2, int(length / 0.5)))]
+            roof_probe = [roof + t * fwd for t in np.linspace(-length / 2, length / 2, 5)]
             if _reaches_another(others, probe, 0.15, ob.object_id) or not all(
-                    clear_overhead(roof + t * fwd, depth / 2) for t in np.linspace(-length / 2, length / 2, 5)):
+                    clear_overhead(q, depth / 2) for q in roof_probe):
                 continue
             face_h = float(rng.uniform(base + 0.5, 8.0))
             b.add(BOX, (face[0], face[1], z0 + face_h / 2), (length / 2, 0.15, face_h / 2), rot_z(ob.yaw),
@@ -833,8 +834,7 @@ def _add_pedestrian_overhead(scn: Scene, rng: np.random.Generator, share: float)
             b.add(BOX, (roof[0], roof[1], z0 + base + thick / 2), (length / 2, depth / 2, thick / 2), rot_z(ob.yaw),
                   reflect=float(rng.uniform(0.1, 0.5)), hit_prob=1.0 if rng.random() < 0.8 else 0.5)
             others.extend((float(q[0]), float(q[1]), 0.15, -1) for q in probe)
-            overhead.extend((float(q[0]), float(q[1]), depth / 2, -1)
-                            for q in (roof + t * fwd for t in np.linspace(-length / 2, length / 2, 5)))
+            overhead.extend((float(q[0]), float(q[1]), depth / 2, -1) for q in roof_probe)
         else:  # a shelter (bus stop) roof on four posts, a glass panel along one long side
             yaw = float(ob.yaw + rng.choice((0.0, np.pi / 2)) + rng.normal(0, 0.1))
             ax = np.array([np.cos(yaw), np.sin(yaw)])
