@@ -567,6 +567,53 @@ def test_warm_start_grows_the_regression_head_and_the_input(tmp_path):
         warm_start(build_model(other), other, p)
 
 
+def _taller_grid_config(z_top: float, slices: int) -> ModelConfig:
+    d = _new_network_config().to_dict()
+    d["grid"].update(z_range=[-1.0, z_top], n_height_slices=slices)
+    return ModelConfig.from_dict(d, source="test")
+
+
+def test_warm_start_adds_height_slices_on_top_of_the_z_range(tmp_path):
+    """Weights of a grid whose z range ends at 3 m initialise one reaching 5 m with the same 0.5 m slices: on a
+    cloud below 3 m the grown network computes what the old one did (its new slices' weights start at 0 and the
+    z channels' weights are rescaled to the longer z extent), points above 3 m reach it, and grids whose slices
+    would change meaning are refused."""
+    from livox_infer.detector.weights import warm_start
+    from livox_infer.voxelize import voxelize_reference
+
+    torch.manual_seed(2)
+    old_cfg = _taller_grid_config(3.0, 8)
+    p = tmp_path / "z3.safetensors"
+    old = _saved_network(old_cfg, p)
+    cfg = _taller_grid_config(5.0, 12)
+    net = build_model(cfg).eval()
+    assert warm_start(net, cfg, p) == ["backbone.stem.0.0.weight"]
+    start = cfg.grid.slice_channel_start
+    assert not net.backbone.stem[0][0].weight[:, start + 8:].any()
+    g = torch.Generator().manual_seed(3)
+    low = torch.rand(4000, 4, generator=g) * torch.tensor([25.6, 25.6, 3.9, 0.0]) - torch.tensor([0.0, 12.8, 1.0, 0.0])
+    tall = low[:500] + torch.tensor([0.0, 0.0, 3.0, 0.0])  # the same cells, 2-5 m up
+    with torch.no_grad():
+        want = old(voxelize_reference(low, old_cfg.grid)[None])
+        got = net(voxelize_reference(low, cfg.grid)[None])
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-5), name
+        seen = net(voxelize_reference(torch.cat([low, tall]), cfg.grid)[None])
+        assert not torch.allclose(seen["heatmap"], want["heatmap"], atol=1e-3)
+    for z_top, slices in ((5.0, 8), (4.2, 13)):  # 0.75 m slices; 0.4 m slices
+        other = _taller_grid_config(z_top, slices)
+        with pytest.raises(WeightsError, match="same height"):
+            warm_start(build_model(other), other, p)
+    lower = _new_network_config()
+    d = lower.to_dict()
+    d["grid"].update(z_range=[-0.5, 3.5])
+    shifted = ModelConfig.from_dict(d, source="test")
+    with pytest.raises(WeightsError, match="same height"):
+        warm_start(build_model(shifted), shifted, p)
+    with pytest.raises(WeightsError):
+        load_weights(build_model(cfg), cfg, p)  # a strict load still refuses it
+
+
 def _residual_config(stages, head) -> ModelConfig:
     d = _new_network_config().to_dict()
     d["backbone"]["residual_blocks"] = list(stages)

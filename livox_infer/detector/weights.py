@@ -171,22 +171,42 @@ def load_weights(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locat
     return meta
 
 
+Z_LEVEL_CHANNELS = ("z_max", "z_min", "z_mean")  # input channels holding a z level / grid.z_levels
 REFINER_FIRST_HIDDEN = "refiner.head.0.weight"  # the refiner's first hidden layer: [point features | context]
 GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine", "refine_large", "vehicle_classifier")
 
 
 def _core_architecture(arch: dict) -> dict:
     """An architecture dict without what a warm start may add: the IoU head, residual blocks, the stage-2
-    refiner and the sub-cell x/y input channels."""
+    refiner, the sub-cell x/y input channels and height slices on top of the z range (checked by
+    `_z_level_scale`)."""
     core = {k: v for k, v in arch.items() if k not in GROWABLE_KEYS}
-    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items() if k not in ("xy_offsets", "age_channel_s")}
+    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items()
+                    if k not in ("xy_offsets", "age_channel_s", "z_range", "n_height_slices")}
     return core
+
+
+def _z_level_scale(old, new, path: Path) -> float:
+    """new z levels / old z levels where the new grid's z range only reaches higher: the same bottom and the same
+    slice height, so every old slice keeps its meaning and the extra slices sit on top. The z channels are z levels
+    divided by the level count, so the first convolution's weights on them scale by this to read the same values."""
+    if old.z_range == new.z_range and old.n_height_slices == new.n_height_slices:
+        return 1.0
+    if not (old.z_range[0] == new.z_range[0] and old.z_range[1] < new.z_range[1]
+            and old.levels_per_slice == new.levels_per_slice):
+        raise WeightsError(
+            f"{path} cannot initialise a grid with z_range {list(new.z_range)} / {new.n_height_slices} slices from "
+            f"z_range {list(old.z_range)} / {old.n_height_slices} slices: a warm start may only add slices of the "
+            "same height on top of the same bottom")
+    return new.z_levels / old.z_levels
 
 
 def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_location: str = "cpu") -> list[str]:
     """Initialise ``model`` from weights of the same network, or of one with fewer residual blocks,
     without the IoU head, without the stage-2 refiner and/or without the sub-cell x/y input channels
-    (weights trained before these), or with the intensity input where the new grid has the point-age input
+    (weights trained before these), with fewer height slices on the same bottom (a grid reaching higher: the new
+    slices' weights start at 0, the z channels' are rescaled), or with the intensity input where the new grid has the
+    point-age input
     (``grid.age_channel_s``; for weights of a model fed no intensity, whose intensity weights saw only zeros).
 
     New output rows (the IoU channel) keep their fresh initialisation; new input channels of the first
@@ -217,7 +237,9 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
     diff = _differing_keys(ours_core, theirs_core)
     if diff:
         raise WeightsError(f"{path} cannot initialise {cfg.source or cfg.name}: the networks differ in {', '.join(diff)}")
-    old_channels = GridConfig.from_dict(theirs["grid"]).channel_names
+    old_grid = GridConfig.from_dict(theirs["grid"])
+    z_scale = _z_level_scale(old_grid, cfg.grid, path)
+    old_channels = old_grid.channel_names
     new_channels = cfg.grid.channel_names
     # old input channel -> new index; the intensity channel of a model fed no intensity (use_intensity: false)
     # becomes the point-age channel of stacked frames (grid.age_channel_s): its weights start at 0 like a new input
@@ -257,6 +279,8 @@ def warm_start(model: nn.Module, cfg: ModelConfig, path: str | Path, map_locatio
         if input_conv:
             new = torch.zeros_like(mine, device=v.device)  # the first conv: new input channels start at 0
             new[:, channel_map] = v[:, kept]
+            for name in Z_LEVEL_CHANNELS:  # a taller z range: z / (more levels), so the weight grows to match
+                new[:, new_channels.index(name)] *= z_scale
         elif (k == REFINER_FIRST_HIDDEN and v.dim() == 2 and v.shape[0] == mine.shape[0]
               and v.shape[1] < mine.shape[1]):
             # new context inputs start at 0: classes appended to the one-hot class block (its first columns),
