@@ -119,7 +119,7 @@ def test_find_package_picks_the_exact_match_and_says_why_not_otherwise(tmp_path)
     avia = package_fields(cfg.with_extent(AVIA_GRID), cfg.weights_path(), cpu, False)
     _install_sidecar(folder, avia)
     path, why = find_package(here, folder)
-    assert path is None and "differs in grid (bev_extent): 0,80,-41.6,41.6 there, 0,57.6,-28.8,28.8 here" in why
+    assert path is None and "differs in grid (bev_extent): 0,80,-41.6,41.6 there, 0,80,-28.8,28.8 here" in why
     assert find_package(avia, folder)[0] == folder / package_name(avia)
     # same grid, other torch / threads / weights: each named
     for key, value, words in (("torch_version", "2.0.0", "torch version"), ("threads", "4", "threads"),
@@ -138,7 +138,7 @@ def test_a_refused_package_names_the_real_cause(tmp_path):
     with pytest.raises(WeightsError) as err:
         _check_metadata(meta, Path("lite.cpu.pt2"), cfg.with_extent(AVIA_GRID), cpu, False)
     msg = str(err.value)
-    assert "grid bev_extent [0,57.6,-28.8,28.8]" in msg and "[0,80,-41.6,41.6]" in msg
+    assert "grid bev_extent [0,80,-28.8,28.8]" in msg and "[0,80,-41.6,41.6]" in msg
     assert "--sensor" in msg and "another architecture" not in msg
     # a really different network is still "another architecture"
     other_path = tmp_path / "other.yaml"
@@ -161,7 +161,7 @@ def test_export_takes_the_sensor_presets_grid():
         argv = ["export", *argv]
         return export_config(build_parser(argv).parse_args(argv))
 
-    assert cfg_of().grid.x_range == (0.0, 57.6)
+    assert cfg_of().grid.x_range == (0.0, 80.0)
     avia = cfg_of("--sensor", "avia")
     assert (avia.grid.x_range, avia.grid.y_range) == ((0.0, 80.0), (-41.6, 41.6))
     assert cfg_of("--sensor", "tele15").grid.x_range == (0.0, 153.6)

@@ -175,7 +175,7 @@ def test_eval_sensor_runs_and_scores_on_the_preset_grid():
     args = p.parse_args(["--sim-frames", "1", "--sensor", "tele15"])  # was "ambiguous option" (--sensors)
     assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 153.6, -19.2, 19.2)
     args = p.parse_args(["--sim-frames", "1"])
-    assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 57.6, -28.8, 28.8)
+    assert evaluate_cli.eval_region(args, ModelConfig.load("lite")) == (0.0, 80.0, -28.8, 28.8)
 
 
 def test_accumulate_frames_stacks_point_files(tmp_path, monkeypatch):

@@ -99,5 +99,5 @@ def test_readme_export_then_run_with_the_avia_preset(tmp_path, monkeypatch):
 
     monkeypatch.setenv("LIVOX_INFER_AOTI_MANIFEST", env["LIVOX_INFER_AOTI_MANIFEST"])
     with pytest.raises(WeightsError, match=r"grid bev_extent \[0,80,-41.6,41.6\] and the pipeline's grid is "
-                                           r"\[0,57.6,-28.8,28.8\]"):
+                                           r"\[0,80,-28.8,28.8\]"):
         DetectionPipeline("lite", device="cpu", aoti_package=package)
