@@ -614,6 +614,25 @@ def test_warm_start_adds_height_slices_on_top_of_the_z_range(tmp_path):
         load_weights(build_model(cfg), cfg, p)  # a strict load still refuses it
 
 
+def test_warm_start_runs_on_another_bev_extent(tmp_path):
+    """Weights trained on one BEV extent start a run on another (the network is convolutional; lite trained on 57.6 m
+    and runs on 80 m): every tensor loads unchanged, nothing is grown."""
+    from livox_infer.detector.weights import warm_start
+
+    torch.manual_seed(4)
+    cfg = _new_network_config()
+    p = tmp_path / "near.safetensors"
+    saved = _saved_network(cfg, p)
+    d = cfg.to_dict()
+    d["grid"].update(x_range=[0.0, 38.4])
+    longer = ModelConfig.from_dict(d, source="test")
+    assert longer.architecture_hash() != cfg.architecture_hash()
+    net = build_model(longer).eval()
+    assert warm_start(net, longer, p) == []
+    for k, v in saved.state_dict().items():
+        assert torch.equal(net.state_dict()[k], v), k
+
+
 def _residual_config(stages, head) -> ModelConfig:
     d = _new_network_config().to_dict()
     d["backbone"]["residual_blocks"] = list(stages)

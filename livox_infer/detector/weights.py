@@ -179,9 +179,10 @@ GROWABLE_KEYS = ("iou_head", "residual_blocks", "head_residual_blocks", "refine"
 def _core_architecture(arch: dict) -> dict:
     """An architecture dict without what a warm start may add: the IoU head, residual blocks, the stage-2
     refiner, the sub-cell x/y input channels and height slices on top of the z range (checked by
-    `_z_level_scale`)."""
-    core = {k: v for k, v in arch.items() if k not in GROWABLE_KEYS}
-    core["grid"] = {k: v for k, v in (arch.get("grid") or {}).items()
+    `_z_level_scale`); without the BEV extent, as `extent_free` (the network is convolutional: weights trained on one
+    extent start a run on another)."""
+    core = {k: v for k, v in extent_free(arch).items() if k not in GROWABLE_KEYS}
+    core["grid"] = {k: v for k, v in (core.get("grid") or {}).items()
                     if k not in ("xy_offsets", "age_channel_s", "z_range", "n_height_slices")}
     return core
 
