@@ -623,9 +623,7 @@ def test_warm_start_runs_on_another_bev_extent(tmp_path):
     cfg = _new_network_config()
     p = tmp_path / "near.safetensors"
     saved = _saved_network(cfg, p)
-    d = cfg.to_dict()
-    d["grid"].update(x_range=[0.0, 38.4])
-    longer = ModelConfig.from_dict(d, source="test")
+    longer = cfg.with_extent((0.0, 38.4, *cfg.grid.y_range))
     assert longer.architecture_hash() != cfg.architecture_hash()
     net = build_model(longer).eval()
     assert warm_start(net, longer, p) == []
