@@ -113,6 +113,40 @@ def test_paste_probability_zero_and_seeded():
     assert np.array_equal(a.points, b.points) and np.array_equal(a.boxes, b.boxes)
 
 
+def test_real_objects_kept_apart_and_drawn_at_the_real_paste_share():
+    """--real-paste-share: real views' objects (Frame.real) get lists of their own and each paste draws from them
+    with that probability; at 0 they join the simulated lists as before (the same database, the same draws)."""
+    import dataclasses
+
+    sim_box = [15.0, 0.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]
+    real_box = [12.0, 3.0, -1.5 + 0.85, 1.8, 0.6, 1.7, 0.0]
+    sims = [_frame(np.r_[_ground(), _cluster(15, 0, 1.8, 0.6, 1.7, seed=s)], [sim_box], [2]) for s in range(9)]
+    real = dataclasses.replace(_frame(np.r_[_ground(), _cluster(12, 3, 1.8, 0.6, 1.7)], [real_box], [2]), real=True)
+    cfg = dict(max_per_frame=(0, 0, 1), min_points=(30, 8, 10), probability=1.0)
+    mixed = ObjectDatabase(sims + [real], 3, PasteConfig(**cfg))
+    assert mixed.count() == [0, 0, 10] and mixed.count(real=True) == [0, 0, 0] and not mixed.real_objects
+    apart = ObjectDatabase(sims + [real], 3, PasteConfig(**cfg, real_share=0.5))
+    assert apart.count(real=False) == [0, 0, 9] and apart.count(real=True) == [0, 0, 1] and apart.count() == [0, 0, 10]
+    target = _frame(_ground(), np.zeros((0, 7)), [])
+
+    def real_share_of(db, n=400):
+        rng, hits, pasted = np.random.default_rng(3), 0, 0
+        for _ in range(n):
+            out = paste_objects(target, db, rng)
+            if out is not target:
+                pasted += 1
+                hits += int(abs(out.boxes[0, 0] - 12.0) < 1e-4)
+        return hits / max(pasted, 1), pasted
+
+    share, pasted = real_share_of(apart)
+    assert pasted > 150 and 0.4 < share < 0.6  # half the pastes are the real cyclist (1 of 10 objects)
+    share, pasted = real_share_of(mixed)
+    assert pasted > 150 and share < 0.2  # by their numbers: ~1 in 10
+    # a frame whose scan pattern has only real objects still gets them
+    only_real = ObjectDatabase([real], 3, PasteConfig(**cfg, real_share=0.5))
+    assert paste_objects(target, only_real, np.random.default_rng(0)) is not target
+
+
 # --------------------------------------------------------------------------- targets and losses
 
 

@@ -20,6 +20,7 @@ class Frame:
     # (N,) f32 seconds each point lies before the newest frame of a stacked sample (training/stacked.py); None:
     # a single frame (all 0)
     age: np.ndarray | None = None
+    real: bool = False  # a view of a real labelled scan (training/real_frames.py), not a simulated frame
 
     @property
     def mount(self) -> Mount:

@@ -50,6 +50,10 @@ class PasteConfig:
     min_points: tuple[int, ...] = (30, 8, 10, 40, 40)
     probability: float = 0.6
     max_objects_per_class: int = 6000
+    # > 0: real objects (cut from real labelled views, `Frame.real`) are kept apart, every one of them (cars too), and
+    # each paste draws from them with this probability where the frame's scan pattern has some; 0: they share the
+    # simulated objects' lists (a few dozen real among thousands: rarely drawn)
+    real_share: float = 0.0
     extra: dict = field(default_factory=dict)
 
 
@@ -79,13 +83,16 @@ class ObjectDatabase:
         self.cfg = cfg or PasteConfig()
         self.num_classes = num_classes
         self.objects: dict[str, list[list[CutObject]]] = {}
+        self.real_objects: dict[str, list[list[CutObject]]] = {}  # filled only with cfg.real_share > 0
         rng = np.random.default_rng(seed)
         for f in frames:
             if f.boxes.shape[0] == 0:
                 continue
-            per = self.objects.setdefault(f.sensor, [[] for _ in range(num_classes)])
-            # cars are plentiful: skip most frames for them to bound the database size and build time
-            take_cars = rng.random() < 0.25
+            apart = self.cfg.real_share > 0 and getattr(f, "real", False)
+            per = (self.real_objects if apart else self.objects).setdefault(f.sensor, [[] for _ in range(num_classes)])
+            # cars are plentiful: skip most frames for them to bound the database size and build time (real cars
+            # kept apart are few: all of them)
+            take_cars = rng.random() < 0.25 or apart
             wanted = [i for i in range(f.boxes.shape[0])
                       if 0 <= f.labels[i] < num_classes and (f.labels[i] != 0 or take_cars)]
             if not wanted:
@@ -101,12 +108,15 @@ class ObjectDatabase:
                 if np.count_nonzero(m) >= self.cfg.min_points[c]:
                     per[c].append(CutObject(np.ascontiguousarray(pts[m]), b.copy(), c))
 
-    def count(self, sensor: str | None = None) -> list[int]:
+    def count(self, sensor: str | None = None, real: bool | None = None) -> list[int]:
+        """Objects per class (of ``sensor``; ``real``: only those kept apart as real, False: only the others)."""
         out = [0] * self.num_classes
-        for s, per in self.objects.items():
-            if sensor is None or s == sensor:
-                for c in range(self.num_classes):
-                    out[c] += len(per[c])
+        stores = [self.objects, self.real_objects] if real is None else [self.real_objects if real else self.objects]
+        for store in stores:
+            for s, per in store.items():
+                if sensor is None or s == sensor:
+                    for c in range(self.num_classes):
+                        out[c] += len(per[c])
         return out
 
 
@@ -153,14 +163,23 @@ def paste_objects(frame, db: ObjectDatabase, rng: np.random.Generator):
     """A new Frame (levelled: mount height 0, up = e_z) with objects from ``db`` pasted in, or ``frame``
     itself when nothing is pasted this time."""
     per = db.objects.get(frame.sensor)
+    real = db.real_objects.get(frame.sensor)
     cfg = db.cfg
-    if per is None or rng.random() >= cfg.probability:
+    if (per is None and real is None) or rng.random() >= cfg.probability:
         return frame
     picks: list[CutObject] = []
     for c in range(db.num_classes):
-        n = int(rng.integers(0, cfg.max_per_frame[c] + 1)) if per[c] else 0
-        for j in rng.integers(0, len(per[c]), size=n) if n else ():
-            picks.append(per[c][int(j)])
+        if real is None:
+            n = int(rng.integers(0, cfg.max_per_frame[c] + 1)) if per[c] else 0
+            for j in rng.integers(0, len(per[c]), size=n) if n else ():
+                picks.append(per[c][int(j)])
+            continue
+        sim_c, real_c = (per[c] if per is not None else []), real[c]
+        if not sim_c and not real_c:
+            continue
+        for _ in range(int(rng.integers(0, cfg.max_per_frame[c] + 1))):
+            pool = real_c if real_c and (not sim_c or rng.random() < cfg.real_share) else sim_c
+            picks.append(pool[int(rng.integers(0, len(pool)))])
     if not picks:
         return frame
     pts = level_points(frame.points, frame.mount)

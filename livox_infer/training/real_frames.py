@@ -39,8 +39,8 @@ PROXY_SENSOR = {"kitti": "hdl64", "av2": "vlp32"}  # simulator proxy with the sa
 NOMINAL_HEIGHT = {"kitti": 1.73, "av2": 2.0}  # metres to the ground (real_dev README), when estimation fails
 TRAIN_AS = {"van": "car"}  # labelled and trained as this class of ours
 HEADINGS_360 = tuple(float(h) for h in range(0, 360, 45))
-CONE_MARGIN_DEG = 1.0
-DEFAULT_SHARE = 0.5  # expected share of a batch drawn from the real views  # the labelled cone is cropped this much narrower: objects cut by its edge are unlabelled
+CONE_MARGIN_DEG = 1.0  # the labelled cone is cropped this much narrower: objects cut by its edge are unlabelled
+DEFAULT_SHARE = 0.5  # expected share of a batch drawn from the real views
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class RealTrainingSpec:
     root: str
     sources: tuple[str, ...]
     share: float = DEFAULT_SHARE
+    # share of the objects pasted into a frame drawn from the real ones of its scan pattern (0: real and simulated
+    # objects alike, in proportion to their numbers: a few dozen real against thousands of simulated)
+    paste_share: float = 0.0
 
     def check(self) -> None:
         if not self.sources:
@@ -60,6 +63,8 @@ class RealTrainingSpec:
             raise ConfigError(f"unknown real source(s) {bad}: choose from {', '.join(REAL_SOURCES)}")
         if not 0.0 < self.share <= 1.0:
             raise ConfigError(f"real share must be in (0, 1], got {self.share}")
+        if not 0.0 <= self.paste_share <= 1.0:
+            raise ConfigError(f"real paste share must be in [0, 1], got {self.paste_share}")
         if not Path(self.root).is_dir():
             raise ConfigError(f"real scans directory {self.root} does not exist")
 
@@ -132,7 +137,7 @@ def load_real_training_frames(spec: RealTrainingSpec, classes: Sequence[str], cr
             if est is None or abs(est.height - nominal) > 0.5:
                 est = Mount(nominal, (0.0, 0.0, 1.0))
             frames.append(Frame(np.ascontiguousarray(vp), vb.astype(np.float32), labs_h, float(est.height),
-                                np.asarray(est.up, np.float32), PROXY_SENSOR.get(src, src)))
+                                np.asarray(est.up, np.float32), PROXY_SENSOR.get(src, src), real=True))
     if not frames:
         raise ConfigError(f"{root}: no labelled frame of source(s) {', '.join(spec.sources)}")
     return frames

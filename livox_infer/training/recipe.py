@@ -281,12 +281,13 @@ def stage_options(r: Recipe, stage: StageSpec, out: Path, init: Path | None, rt:
     o = dict(stage.options)
     aug = o.pop("intensity", None) or {}
     real = o.pop("real", None)
-    if real is not None:  # {root: DIR relative to the recipe, sources: [kitti, av2], share: 0.5}
-        if not isinstance(real, dict) or set(real) - {"root", "sources", "share"} or "root" not in real:
-            raise ConfigError(f"stage {stage.name}: real needs root (and sources, share), got {real!r}")
+    if real is not None:  # {root: DIR relative to the recipe, sources: [kitti, av2], share: 0.5, paste_share: 0}
+        if not isinstance(real, dict) or set(real) - {"root", "sources", "share", "paste_share"} or "root" not in real:
+            raise ConfigError(f"stage {stage.name}: real needs root (and sources, share, paste_share), got {real!r}")
         root = Path(str(real["root"])).expanduser()
         o["real"] = RealTrainingSpec(os.path.normpath(root if root.is_absolute() else r.source.parent / root),
-                                     tuple(real.get("sources") or ("kitti", "av2")), float(real.get("share", RealTrainingSpec.share)))
+                                     tuple(real.get("sources") or ("kitti", "av2")), float(real.get("share", RealTrainingSpec.share)),
+                                     float(real.get("paste_share", RealTrainingSpec.paste_share)))
     return TrainOptions(
         config=stage_config(r, stage), work_dir=stage_dir(out, stage),
         out=stage_dir(out, stage) / f"{stage.name}.best.safetensors", stage=stage.kind, init=init,

@@ -781,6 +781,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --real: the sources (folds) trained on: kitti (fold K), av2 (fold A) or both")
     p.add_argument("--real-share", type=float, default=RealTrainingSpec.share, metavar="SHARE",
                    help="with --real: expected share of each batch drawn from the real views (the rest simulated)")
+    p.add_argument("--real-paste-share", type=float, default=RealTrainingSpec.paste_share, metavar="SHARE",
+                   help="with --real: share of the pasted objects drawn from the real views' objects of the frame's "
+                        "scan pattern (KITTI's in hdl64 frames, AV2's in vlp32 ones); 0: drawn with the simulated "
+                        "ones by their numbers (a few dozen among thousands)")
     p.add_argument("--fov-crop", type=float, default=D.fov_crop, metavar="SHARE",
                    help="share of training frames cropped to a random Livox-like forward cone (±19-41 deg)")
     p.add_argument("--stack", default=None, metavar="K[,K2]",
@@ -831,7 +835,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
         real=None if not args.real else RealTrainingSpec(
-            args.real, tuple(x.strip() for x in str(args.real_sources).split(",") if x.strip()), args.real_share),
+            args.real, tuple(x.strip() for x in str(args.real_sources).split(",") if x.strip()), args.real_share,
+            args.real_paste_share),
         fov_crop=args.fov_crop, ema_decay=args.ema_decay,
         stack=parse_stack(args.stack),
     )
@@ -1018,10 +1023,14 @@ def train(opts: TrainOptions) -> TrainResult:
     paste_db = None
     if opts.paste_probability > 0:
         t0 = time.time()
-        paste_db = ObjectDatabase(train_frames, cfg.num_classes, PasteConfig(probability=opts.paste_probability),
+        real_share = opts.real.paste_share if opts.real is not None else 0.0
+        paste_db = ObjectDatabase(train_frames, cfg.num_classes,
+                                  PasteConfig(probability=opts.paste_probability, real_share=real_share),
                                   seed=opts.seed, age_column=cfg.grid.age_channel_s is not None)
-        log.info("object database for pasting: %s objects per class (%s) in %.0f s", paste_db.count(),
-                 ", ".join(cfg.classes), time.time() - t0)
+        log.info("object database for pasting: %s objects per class (%s) in %.0f s%s", paste_db.count(),
+                 ", ".join(cfg.classes), time.time() - t0,
+                 f"; real ones kept apart, drawn for {100 * real_share:.0f} % of the pastes: {paste_db.count(real=True)}"
+                 if real_share else "")
     stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,
                          with_scene=refining, intensity=opts.intensity, sparse=opts.sparse,
                          frame_weights=frame_weights, fov_crop_share=opts.fov_crop)
