@@ -88,7 +88,7 @@ class ObjectDatabase:
         for f in frames:
             if f.boxes.shape[0] == 0:
                 continue
-            apart = self.cfg.real_share > 0 and getattr(f, "real", False)
+            apart = self.cfg.real_share > 0 and f.real
             per = (self.real_objects if apart else self.objects).setdefault(f.sensor, [[] for _ in range(num_classes)])
             # cars are plentiful: skip most frames for them to bound the database size and build time (real cars
             # kept apart are few: all of them)

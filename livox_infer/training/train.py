@@ -1023,14 +1023,14 @@ def train(opts: TrainOptions) -> TrainResult:
     paste_db = None
     if opts.paste_probability > 0:
         t0 = time.time()
-        real_share = opts.real.paste_share if opts.real is not None else 0.0
+        paste_share = opts.real.paste_share if opts.real is not None else 0.0
         paste_db = ObjectDatabase(train_frames, cfg.num_classes,
-                                  PasteConfig(probability=opts.paste_probability, real_share=real_share),
+                                  PasteConfig(probability=opts.paste_probability, real_share=paste_share),
                                   seed=opts.seed, age_column=cfg.grid.age_channel_s is not None)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s%s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0,
-                 f"; real ones kept apart, drawn for {100 * real_share:.0f} % of the pastes: {paste_db.count(real=True)}"
-                 if real_share else "")
+                 f"; real ones kept apart, drawn for {100 * paste_share:.0f} % of the pastes: {paste_db.count(real=True)}"
+                 if paste_share else "")
     stream = BatchStream(train_frames, cfg, opts.batch, opts.seed, start, end, paste_db, opts.neighbour_weight,
                          with_scene=refining, intensity=opts.intensity, sparse=opts.sparse,
                          frame_weights=frame_weights, fov_crop_share=opts.fov_crop)
