@@ -270,3 +270,80 @@ def test_recall_and_the_truck_bus_block_of_the_real_table():
     assert "truck recall@0.5" in text and "bus GT" in text
     three = evaluate([det], [gt], ("car", "pedestrian", "cyclist"))
     assert "truck" not in real_table({"all": three}, "t")
+
+
+# ---- fewer beams (--thin-beams): rings read from a scan stored in laser order ----
+
+def _spinning_scan(boxes, n_rings=64, az_step=0.5, height=1.7, laser=False):
+    """A 64-beam scan stored as KITTI stores one: laser after laser, top to bottom, each a sweep of rising azimuth
+    starting at 0 deg (so the +-180 deg wrap splits every sweep in two runs); rays hit the ground (z = -height) or
+    the axis-aligned ``boxes`` (x, y, z centre, l, w, h), whichever is nearer, within 70 m (the upper lasers'
+    rays mostly miss). ``laser``: also return each point's laser index."""
+    el = np.radians(np.linspace(2.0, -24.8, n_rings))
+    az = np.radians(np.r_[np.arange(0, 180, az_step), np.arange(-180, 0, az_step)])
+    e, a = np.meshgrid(el, az, indexing="ij")  # laser-major: the file order
+    d = np.stack([np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)], -1).reshape(-1, 3)
+    t = np.where(d[:, 2] < -1e-6, -height / np.minimum(d[:, 2], -1e-6), np.inf)
+    for b in boxes:
+        lo = np.array([b["x"] - b["l"] / 2, b["y"] - b["w"] / 2, b["z"] - b["h"] / 2])
+        hi = lo + [b["l"], b["w"], b["h"]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t0, t1 = lo / d, hi / d
+        near = np.nanmax(np.minimum(t0, t1), axis=1)
+        far = np.nanmin(np.maximum(t0, t1), axis=1)
+        t = np.where((near <= far) & (near > 0), np.minimum(t, near), t)
+    keep = t < 70
+    p = d[keep] * t[keep, None]
+    pts = np.c_[p, np.full(len(p), 50.0)].astype(np.float32)
+    return (pts, np.repeat(np.arange(n_rings), len(az))[keep]) if laser else pts
+
+
+def test_scan_rings_reads_a_laser_ordered_scan_and_thinning_partitions_it():
+    from livox_infer.evaluation.beams import scan_rings, thin_beams
+
+    pts, laser = _spinning_scan([_box("car", 15, 0, 0, 4.0, 1.8, 1.5)], laser=True)
+    rings = scan_rings(pts)
+    # each laser that hit something is one ring, in file order, although every sweep crosses the +-180 deg wrap
+    assert rings is not None and len(np.unique(laser)) > 40
+    np.testing.assert_array_equal(rings, np.unique(laser, return_inverse=True)[1])
+    # the same scan cropped to the camera's +-45 deg (KITTI's velodyne_reduced): each sweep now starts at -45 deg
+    front = np.abs(np.degrees(np.arctan2(pts[:, 1], pts[:, 0]))) <= 45
+    np.testing.assert_array_equal(scan_rings(pts[front]), np.unique(laser[front], return_inverse=True)[1])
+    el = np.degrees(np.arctan2(pts[:, 2], np.hypot(pts[:, 0], pts[:, 1])))
+    halves = thin_beams(pts, 2)
+    assert len(halves) == 2 and sum(len(h) for h in halves) == len(pts)
+    assert set(np.round(el[rings % 2 == 1], 2)).isdisjoint(np.round(el[rings % 2 == 0], 2))
+    assert thin_beams(pts, 1)[0] is pts
+    # another file order (AV2 stores firing columns, two lidars interleaved): no rings, not a wrong guess
+    shuffled = pts[np.random.default_rng(0).permutation(len(pts))]
+    assert scan_rings(shuffled) is None and thin_beams(shuffled, 2) is None
+    with pytest.raises(ValueError):
+        thin_beams(pts, 0)
+
+
+def test_eval_cli_real_thin_beams_scores_each_half_and_names_the_frames_left_out(tmp_path, capsys):
+    from livox_infer.tools.cli import main
+
+    labels = {"kitti_s": [_box("car", 15, 2, 0, 4.0, 1.8, 1.5), _box("car", 30, -4, 0, 4.0, 1.8, 1.5)],
+              "av2_u": [_box("car", 20, 0)]}
+    labels["kitti_s"][0]["z"] = labels["kitti_s"][1]["z"] = -0.95
+    np.save(tmp_path / "kitti_s.npy", _spinning_scan(labels["kitti_s"]))
+    np.save(tmp_path / "av2_u.npy", _cloud_around(labels["av2_u"]))  # not in laser order
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    out_full, out_thin = tmp_path / "full.json", tmp_path / "thin.json"
+    assert main(["eval", "--real", str(tmp_path), "--no-compile", "--headings", "0", "--out", str(out_full)]) == 0
+    assert main(["eval", "--real", str(tmp_path), "--no-compile", "--headings", "0", "--thin-beams", "2",
+                 "--out", str(out_thin)]) == 0
+    text = capsys.readouterr().out
+    assert "1 laser ring in 2 kept (--thin-beams 2)" in text and "1 frame(s) left out" in text and "av2_u" in text
+    full, thin = json.loads(out_full.read_text()), json.loads(out_thin.read_text())
+    assert [v["frame"] for v in full["views"]] == ["av2_u", "kitti_s"]
+    assert thin["views"] == [{"frame": "kitti_s", "heading": 0.0, "rings_from": 0},
+                             {"frame": "kitti_s", "heading": 0.0, "rings_from": 1}]
+    assert thin["thin_beams"] == 2 and thin["left_out"] == ["av2_u"]
+    assert set(thin["model lite"]) == {"kitti", "all"}
+    assert thin["model lite"]["kitti"]["num_gt"]["car"] == 2 * full["model lite"]["kitti"]["num_gt"]["car"]
+    with pytest.raises(ConfigError, match="no frame with laser rings"):
+        load_real_dir(tmp_path, headings=(0,), frames=["av2_u"], thin_beams=2)
+    assert main(["eval", "--sim-frames", "1", "--no-compile", "--thin-beams", "2"]) != 0  # real scans only
+    assert "--thin-beams thins the laser rings of real scans" in capsys.readouterr().err

@@ -109,6 +109,8 @@ def main(args: argparse.Namespace) -> int:
         if getattr(args, "confusion", False) and not (args.real or (args.sim_frames and not args.tracking
                                                                     and not args.sim_accumulate)):
             raise ConfigError("--confusion works with --sim-frames N (without --tracking / --sim-accumulate) or --real DIR")
+        if getattr(args, "thin_beams", 1) != 1 and not args.real:
+            raise ConfigError("--thin-beams thins the laser rings of real scans: it works with --real DIR")
         if args.tracking:
             from livox_infer.evaluation.tracking import main_tracking
 

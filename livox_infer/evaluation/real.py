@@ -23,6 +23,7 @@ AP is the same R40 BEV and 3D AP as for simulated data, per source (frame-name p
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -36,6 +37,7 @@ from livox_infer import CLASS_NAMES
 from livox_infer.errors import ConfigError
 from livox_infer.detector.boxes import points_in_boxes
 from livox_infer.decode.pointfiles import read_points_file
+from livox_infer.evaluation.beams import thin_beams as beam_thinned
 from livox_infer.evaluation.metrics import (
     DEFAULT_MIN_POINTS, EvalResult, FrameBoxes, evaluate, in_region, range_bins,
 )
@@ -67,6 +69,7 @@ class RealView:
     points: np.ndarray
     gt: FrameBoxes  # labels index our classes; num_points in the cropped scan
     gt_ignore: np.ndarray  # (M,) bool: ignored GT (outside the cone, too few points, or an ignore class)
+    rings_from: int = 0  # with --thin-beams K: the first of the scan's laser rings kept (every K-th from it)
 
 
 def source_of(frame: str) -> str:
@@ -107,8 +110,11 @@ def in_cone(xy: np.ndarray, fov_deg: float, max_range: float) -> np.ndarray:
 def load_real_dir(root: str | Path, fov: float = DEFAULT_FOV, max_range: float = DEFAULT_RANGE,
                   headings: Sequence[float] = DEFAULT_HEADINGS, min_points: int = DEFAULT_MIN_POINTS,
                   classes: Sequence[str] = CLASS_NAMES, labels: str | Path | None = None,
-                  frames: Sequence[str] | None = None) -> list[RealView]:
-    """All views of the labelled scans in ``root`` (see the module doc)."""
+                  frames: Sequence[str] | None = None, thin_beams: int = 1,
+                  left_out: list[str] | None = None) -> list[RealView]:
+    """All views of the labelled scans in ``root`` (see the module doc). ``thin_beams`` K > 1: each view K times,
+    each with every K-th laser ring of the scan from another first ring (`beams.thin_beams`); frames whose rings
+    cannot be read are left out and their names appended to ``left_out``."""
     root = Path(root)
     labels_path = Path(labels) if labels else root / "labels.json"
     try:
@@ -131,10 +137,14 @@ def load_real_dir(root: str | Path, fov: float = DEFAULT_FOV, max_range: float =
         path = next((root / f"{frame}{s}" for s in POINT_SUFFIXES if (root / f"{frame}{s}").is_file()), None)
         if path is None:
             raise ConfigError(f"{root}: no point file for labelled frame {frame!r} ({'/'.join(POINT_SUFFIXES)})")
-        pts = read_points_file(path)
+        scans = beam_thinned(read_points_file(path), thin_beams)
+        if scans is None:
+            if left_out is not None:
+                left_out.append(frame)
+            continue
         boxes, labs, ignore_cls = _gt_arrays(all_labels.get(frame, []), classes, frame)
         lab_fov = labelled_fov(meta.get(frame))
-        for h in headings:
+        for h, (first_ring, pts) in itertools.product(headings, enumerate(scans)):
             # the view's cone must lie inside the labelled region (centred on heading 0)
             off = abs((float(h) + 180.0) % 360.0 - 180.0)
             if lab_fov < 360.0 and off + fov / 2.0 > lab_fov / 2.0 + 1e-6:
@@ -145,8 +155,10 @@ def load_real_dir(root: str | Path, fov: float = DEFAULT_FOV, max_range: float =
             npts = points_in_boxes(vp, vb) if len(vb) else np.zeros(0, np.int64)
             ign = ignore_cls | ~in_cone(vb, fov, max_range) | (npts < min_points)
             views.append(RealView(frame, source_of(frame), float(h), vp,
-                                  FrameBoxes(vb, labs, None, npts), ign))
+                                  FrameBoxes(vb, labs, None, npts), ign, first_ring))
     if not views:
+        if thin_beams > 1:
+            raise ConfigError(f"{root}: no frame with laser rings in its file order (--thin-beams {thin_beams})")
         raise ConfigError(f"{root}: no view of any frame lies inside its labelled region (fov {fov}°)")
     return views
 
@@ -346,6 +358,9 @@ def add_arguments(p) -> None:
     g.add_argument("--range", dest="max_range", type=float, default=DEFAULT_RANGE, help="view range in metres")
     g.add_argument("--headings", default=",".join(f"{h:g}" for h in DEFAULT_HEADINGS),
                    help="headings (degrees) a scan is seen from, where the labelled region allows (default 0,90,180,270)")
+    g.add_argument("--thin-beams", type=int, default=1, metavar="K",
+                   help="keep only every K-th laser ring of each scan (2: 64 beams -> 32), read from the point "
+                        "file's laser order (KITTI's); frames without it are left out and named (docs/evaluation.md)")
     g.add_argument("--bev-dir", default=None, help="also write a BEV picture per view (labels dashed, detections solid)")
     g.add_argument("--cross-validate", action="append", default=[], metavar="SOURCE=WEIGHTS",
                    help="score the frames of SOURCE (kitti, av2) with WEIGHTS, which must not have been trained on "
@@ -473,7 +488,16 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     paired_with = parse_paired_with(getattr(args, "paired_with", None), folds)
     if paired_with is not None and not args.bootstrap:
         raise ConfigError("--paired-with gives an interval of the AP difference: give --bootstrap N too")
-    views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes)
+    thin = int(getattr(args, "thin_beams", 1))
+    if thin < 1:
+        raise ConfigError(f"--thin-beams must be >= 1, got {thin}")
+    left_out: list[str] = []
+    views = load_real_dir(args.real, args.fov, args.max_range, headings, args.min_points, cfg.classes,
+                          thin_beams=thin, left_out=left_out)
+    if thin > 1:
+        print(f"1 laser ring in {thin} kept (--thin-beams {thin}), each view scored {thin} times (rings 0, {thin}, ...; "
+              f"1, {thin + 1}, ...; ...); {len(left_out)} frame(s) left out, their rings not in the file order"
+              f"{': ' + ', '.join(left_out) if left_out else ''}")
     if folds:
         dets = cross_validated_detections(views, folds, make_pipeline)
         how = "cross-validated (" + ", ".join(f"{s} by {Path(w).name}" for s, w in folds.items()) + ")"
@@ -526,8 +550,10 @@ def main_real(args, make_pipeline: Callable[..., Any]) -> int:
     if args.out:
         out = {"real": str(args.real), "fov": args.fov, "range": args.max_range, "headings": headings,
                "min_points": args.min_points, "score_threshold": args.score_threshold, "refine": not args.no_refine,
+               "thin_beams": thin, "left_out": left_out,
                "bev_extent": getattr(args, "bev_extent", None),
-               "views": [{"frame": v.frame, "heading": v.heading_deg} for v in views],
+               "views": [{"frame": v.frame, "heading": v.heading_deg, **({"rings_from": v.rings_from} if thin > 1 else {})}
+                         for v in views],
                "cross_validate": folds or None,
                f"model {cfg.name}": {k: r.to_dict() for k, r in res.items()}}
         if by_range:
@@ -554,7 +580,7 @@ def save_view_pictures(views: Sequence[RealView], dets: Sequence[FrameBoxes], cl
     half = max_range * math.sin(math.radians(fov / 2.0)) if fov < 180 else max_range
     extent = (0.0 if fov <= 180 else -max_range, max_range, -half, half)
     for v, d in zip(views, dets):
-        path = out_dir / f"{v.frame}_h{v.heading_deg:03.0f}.png"
+        path = out_dir / f"{v.frame}_h{v.heading_deg:03.0f}{f'_r{v.rings_from}' if v.rings_from else ''}.png"
         names = [classes[i] for i in d.labels]
         gt_names = [classes[i] for i in v.gt.labels]
         save_bev_png(path, v.points, d.boxes, names, d.scores, extent,
