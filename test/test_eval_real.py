@@ -314,6 +314,9 @@ def test_scan_rings_reads_a_laser_ordered_scan_and_thinning_partitions_it():
     assert len(halves) == 2 and sum(len(h) for h in halves) == len(pts)
     assert set(np.round(el[rings % 2 == 1], 2)).isdisjoint(np.round(el[rings % 2 == 0], 2))
     assert thin_beams(pts, 1)[0] is pts
+    holed = pts.copy()
+    holed[::97, 0] = np.nan  # a broken return has no azimuth: dropped, the rings still read
+    assert sum(len(h) for h in thin_beams(holed, 2)) == len(pts) - len(pts[::97])
     # another file order (AV2 stores firing columns, two lidars interleaved): no rings, not a wrong guess
     shuffled = pts[np.random.default_rng(0).permutation(len(pts))]
     assert scan_rings(shuffled) is None and thin_beams(shuffled, 2) is None

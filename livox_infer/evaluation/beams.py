@@ -60,10 +60,12 @@ def scan_rings(points: np.ndarray) -> np.ndarray | None:
 def thin_beams(points: np.ndarray, keep_every: int) -> list[np.ndarray] | None:
     """The scan as ``keep_every`` sensors with 1/K of its beams each: rings p, p + K, p + 2K, ... for each phase p
     (every ring in exactly one of them; which half of the lasers a 32-beam sensor would have is arbitrary, so
-    scoring all phases halves that noise), or None where `scan_rings` finds no rings; K = 1: ``[points]``."""
+    scoring all phases halves that noise), or None where `scan_rings` finds no rings; K = 1: ``[points]``.
+    Rows with a non-finite coordinate are dropped first (no azimuth to read)."""
     if keep_every < 1:
         raise ValueError(f"keep_every must be >= 1, got {keep_every}")
     if keep_every == 1:
         return [points]
+    points = points[np.isfinite(points[:, :3]).all(axis=1)]
     rings = scan_rings(points)
     return None if rings is None else [points[rings % keep_every == p] for p in range(keep_every)]
