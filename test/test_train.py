@@ -2,6 +2,7 @@
 (runs, logs validation AP, writes safetensors, resumes, is reproducible)."""
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -17,7 +18,7 @@ from livox_infer.errors import ConfigError
 from livox_infer.detector import ModelConfig
 from livox_infer.training import train as train_mod
 from livox_infer.training.losses import bev_corners_from_regression, corner_loss, detection_loss
-from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
+from livox_infer.training.paste import ObjectDatabase, PasteConfig, box_point_mask, paste_objects
 from livox_infer.training.targets import build_targets
 
 torch.set_num_threads(1)
@@ -145,6 +146,37 @@ def test_real_objects_kept_apart_and_drawn_at_the_real_paste_share():
     # a frame whose scan pattern has only real objects still gets them
     only_real = ObjectDatabase([real], 3, PasteConfig(**cfg, real_share=0.5))
     assert paste_objects(target, only_real, np.random.default_rng(0)) is not target
+
+
+def test_pedestrians_pasted_beside_structure_keep_their_range_and_stand_clear_of_it():
+    """--paste-beside-structure: a pasted pedestrian is turned about the sensor (same range, so the same density) to
+    stand 0.3-1.0 m beside a pole of the target scene, never inside it; at 0 it stays at its own place."""
+    ped = [14.0, -3.0, -1.5 + 0.85, 0.6, 0.6, 1.7, 0.0]
+    src = _frame(np.r_[_ground(), _cluster(14.0, -3.0, 0.6, 0.6, 1.7)], [ped], [1])
+    cfg = dict(max_per_frame=(0, 1, 0), min_points=(30, 8, 10), probability=1.0)
+    pole_az = math.radians(25.0)
+    r_ped = math.hypot(14.0, -3.0)
+    pole = _cluster(r_ped * math.cos(pole_az), r_ped * math.sin(pole_az), 0.2, 0.2, 2.4, n=150)
+    target = _frame(np.r_[_ground(x_max=30.0, step=0.25), pole], np.zeros((0, 7)), [])
+    target = dataclasses.replace(target, points=target.points[np.hypot(*target.points[:, :2].T) < 30.0])
+    for share, beside in ((1.0, True), (0.0, False)):
+        db = ObjectDatabase([src], 3, PasteConfig(**cfg, beside_share=share))
+        rng, placed = np.random.default_rng(5), 0
+        for _ in range(30):
+            out = paste_objects(target, db, rng)
+            if out is target:
+                continue
+            box = out.boxes[-1]
+            assert math.hypot(box[0], box[1]) == pytest.approx(r_ped, abs=1e-3)  # the range (density) kept
+            gap = math.hypot(box[0] - pole[:, 0].mean(), box[1] - pole[:, 1].mean())
+            if beside:
+                assert 0.3 + 0.3 - 0.15 <= gap <= 0.3 + 1.0 + 0.35  # its side 0.3-1.0 m from the pole
+                n_in = box_point_mask(out.points[:, :3], box, 0.0, z_min=float(box[2] - box[5] / 2 + 0.2)).sum()
+                assert n_in >= 8  # its own points came along, the pole's did not enter its box
+            else:
+                assert box[:2] == pytest.approx([14.0, -3.0], abs=1e-4)
+            placed += 1
+        assert placed >= 10  # 0 or 1 pedestrian drawn per frame (max_per_frame 1)
 
 
 # --------------------------------------------------------------------------- targets and losses

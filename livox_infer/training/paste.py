@@ -32,6 +32,13 @@ BOX_MARGIN = 0.1  # m added to l / w when cutting: returns on the outline still 
 ANGLE_BIN = math.radians(0.3)  # occlusion grid seen from the sensor
 OCCLUSION_SLACK = 0.3  # m: a scene point this much nearer than the object hides it (and vice versa)
 FREE_SPACE_POINTS = 3  # a candidate place with more scene points above the ground inside the box is taken
+PEDESTRIAN = 1  # CLASS_NAMES index
+# --paste-beside-structure: a pedestrian is turned about the sensor to stand 0.3-1.0 m beside a scene point that rises
+# 0.3-2.5 m above the ground at its own range (a wall, pole, shrub, parked car, another person), as real ones stand
+BESIDE_GAP = (0.3, 1.0)  # m from the box side to the structure
+BESIDE_HEIGHT = (0.3, 2.5)  # m above the box bottom: what counts as structure
+BESIDE_RANGE = 1.0  # m: the structure lies this close to the pedestrian's range (its density stays right)
+BESIDE_TRIES = 8
 
 
 @dataclass
@@ -54,6 +61,9 @@ class PasteConfig:
     # each paste draws from them with this probability where the frame's scan pattern has some; 0: they share the
     # simulated objects' lists (a few dozen real among thousands: rarely drawn)
     real_share: float = 0.0
+    # > 0: share of pasted pedestrians turned about the sensor (same range, so the same point density) to stand beside
+    # structure of the target scene (`BESIDE_*`); 0: every paste at the object's own place
+    beside_share: float = 0.0
     extra: dict = field(default_factory=dict)
 
 
@@ -159,6 +169,41 @@ def _circle_overlap(box: np.ndarray, others: list[np.ndarray], gap: float = 0.3)
     return False
 
 
+def _turned(obj: CutObject, angle: float) -> CutObject:
+    """``obj`` turned by ``angle`` (radians) about the sensor's vertical axis (the levelled frame's z axis)."""
+    c, s = math.cos(angle), math.sin(angle)
+    pts = obj.points.copy()
+    pts[:, 0], pts[:, 1] = c * obj.points[:, 0] - s * obj.points[:, 1], s * obj.points[:, 0] + c * obj.points[:, 1]
+    box = obj.box.copy()
+    box[0], box[1] = c * obj.box[0] - s * obj.box[1], s * obj.box[0] + c * obj.box[1]
+    box[6] = (obj.box[6] + angle + math.pi) % (2 * math.pi) - math.pi
+    return CutObject(pts, box, obj.label)
+
+
+def _beside_structure(obj: CutObject, pts: np.ndarray, keep: np.ndarray, rho: np.ndarray,
+                      rng: np.random.Generator) -> CutObject:
+    """``obj`` turned to stand ``BESIDE_GAP`` from a structure point of the scene at its own range (within the scan's
+    field of view, since that point was scanned), with its box free; ``obj`` itself where no try finds a place."""
+    r_obj = math.hypot(float(obj.box[0]), float(obj.box[1]))
+    if r_obj < 1.0:
+        return obj
+    bottom = float(obj.box[2] - obj.box[5] / 2)
+    cand = np.flatnonzero(keep & (np.abs(rho - r_obj) < BESIDE_RANGE) & (pts[:, 2] > bottom + BESIDE_HEIGHT[0])
+                          & (pts[:, 2] < bottom + BESIDE_HEIGHT[1]))
+    if cand.size == 0:
+        return obj
+    half = 0.5 * float(max(obj.box[3], obj.box[4]))
+    az_obj = math.atan2(float(obj.box[1]), float(obj.box[0]))
+    for j in rng.choice(cand, size=min(BESIDE_TRIES, cand.size), replace=False):
+        side = (half + rng.uniform(*BESIDE_GAP)) * (1.0 if rng.random() < 0.5 else -1.0)
+        az = math.atan2(float(pts[j, 1]), float(pts[j, 0])) + side / r_obj
+        turned = _turned(obj, az - az_obj)
+        if np.count_nonzero(box_point_mask(pts, turned.box, 2 * BESIDE_GAP[0], z_min=bottom + 0.2) & keep) \
+                <= FREE_SPACE_POINTS:
+            return turned
+    return obj
+
+
 def paste_objects(frame, db: ObjectDatabase, rng: np.random.Generator):
     """A new Frame (levelled: mount height 0, up = e_z) with objects from ``db`` pasted in, or ``frame``
     itself when nothing is pasted this time."""
@@ -189,8 +234,11 @@ def paste_objects(frame, db: ObjectDatabase, rng: np.random.Generator):
     keep = np.ones(pts.shape[0], bool)
     saz, sel, srng = _angles(pts, sensor_z)
     skey = _cell_key(saz, sel)
+    rho = np.hypot(pts[:, 0], pts[:, 1]) if cfg.beside_share > 0 else None
     added = []
     for obj in picks:
+        if obj.label == PEDESTRIAN and cfg.beside_share > 0 and rng.random() < cfg.beside_share:
+            obj = _beside_structure(obj, pts, keep, rho, rng)
         if _circle_overlap(obj.box, boxes):
             continue
         above = box_point_mask(pts, obj.box, BOX_MARGIN, z_min=float(obj.box[2] - obj.box[5] / 2 + 0.2)) & keep

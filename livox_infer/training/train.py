@@ -608,6 +608,7 @@ class TrainOptions:
     sensors: tuple[str, ...] = SENSOR_NAMES
     shard_frames: int = SHARD_FRAMES
     paste_probability: float = 0.6
+    paste_beside_structure: float = 0.0  # share of pasted pedestrians placed beside scene structure (paste.py)
     neighbour_weight: float = 0.0
     corner_weight: float = 0.0
     intensity: IntensityAugment = IntensityAugment()
@@ -650,6 +651,8 @@ class TrainOptions:
             raise ConfigError("--intensity-gain needs 0 < LOW <= HIGH")
         if not 0.0 <= self.fov_crop <= 1.0:
             raise ConfigError("--fov-crop must be in [0, 1]")
+        if not 0.0 <= self.paste_beside_structure <= 1.0:
+            raise ConfigError("--paste-beside-structure must be in [0, 1]")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
         if self.real is not None:
@@ -750,6 +753,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate_frame option for newly generated shards (e.g. n_cyclists=6); repeatable")
     p.add_argument("--paste-probability", type=float, default=D.paste_probability,
                    help="share of training frames that get objects pasted in from other frames (0 = off)")
+    p.add_argument("--paste-beside-structure", type=float, default=D.paste_beside_structure, metavar="SHARE",
+                   help="share of pasted pedestrians turned about the sensor (same range) to stand 0.3-1.0 m beside "
+                        "structure of the frame they are pasted into, as real ones stand by walls, poles and cars "
+                        "(0 = each at its own place, the default)")
     p.add_argument("--neighbour-weight", type=float, default=D.neighbour_weight,
                    help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
                         "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
@@ -828,7 +835,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         data_only=args.data_only,
         sim_options=parse_sim_options(args.sim_option),
         sensors=tuple(x.strip() for x in str(args.sensors).split(",") if x.strip()),
-        paste_probability=args.paste_probability, neighbour_weight=args.neighbour_weight,
+        paste_probability=args.paste_probability, paste_beside_structure=args.paste_beside_structure,
+        neighbour_weight=args.neighbour_weight,
         corner_weight=args.corner_weight,
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
         sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes),
@@ -1025,7 +1033,8 @@ def train(opts: TrainOptions) -> TrainResult:
         t0 = time.time()
         paste_share = opts.real.paste_share if opts.real is not None else 0.0
         paste_db = ObjectDatabase(train_frames, cfg.num_classes,
-                                  PasteConfig(probability=opts.paste_probability, real_share=paste_share),
+                                  PasteConfig(probability=opts.paste_probability, real_share=paste_share,
+                                              beside_share=opts.paste_beside_structure),
                                   seed=opts.seed, age_column=cfg.grid.age_channel_s is not None)
         log.info("object database for pasting: %s objects per class (%s) in %.0f s%s", paste_db.count(),
                  ", ".join(cfg.classes), time.time() - t0,
