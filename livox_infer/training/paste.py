@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from livox_infer import CLASS_NAMES
+from livox_infer.evaluation.real import turn
 from livox_infer.ground import level_boxes, level_points
 from livox_infer.training.frame import points_with_age
 
@@ -32,7 +34,7 @@ BOX_MARGIN = 0.1  # m added to l / w when cutting: returns on the outline still 
 ANGLE_BIN = math.radians(0.3)  # occlusion grid seen from the sensor
 OCCLUSION_SLACK = 0.3  # m: a scene point this much nearer than the object hides it (and vice versa)
 FREE_SPACE_POINTS = 3  # a candidate place with more scene points above the ground inside the box is taken
-PEDESTRIAN = 1  # CLASS_NAMES index
+PEDESTRIAN = CLASS_NAMES.index("pedestrian")
 # --paste-beside-structure: a pedestrian is turned about the sensor to stand 0.3-1.0 m beside a scene point that rises
 # 0.3-2.5 m above the ground at its own range (a wall, pole, shrub, parked car, another person), as real ones stand
 BESIDE_GAP = (0.3, 1.0)  # m from the box side to the structure
@@ -171,13 +173,8 @@ def _circle_overlap(box: np.ndarray, others: list[np.ndarray], gap: float = 0.3)
 
 def _turned(obj: CutObject, angle: float) -> CutObject:
     """``obj`` turned by ``angle`` (radians) about the sensor's vertical axis (the levelled frame's z axis)."""
-    c, s = math.cos(angle), math.sin(angle)
-    pts = obj.points.copy()
-    pts[:, 0], pts[:, 1] = c * obj.points[:, 0] - s * obj.points[:, 1], s * obj.points[:, 0] + c * obj.points[:, 1]
-    box = obj.box.copy()
-    box[0], box[1] = c * obj.box[0] - s * obj.box[1], s * obj.box[0] + c * obj.box[1]
-    box[6] = (obj.box[6] + angle + math.pi) % (2 * math.pi) - math.pi
-    return CutObject(pts, box, obj.label)
+    heading = -math.degrees(angle)  # `turn` brings a heading forward: it rotates by minus that
+    return CutObject(turn(obj.points, heading), turn(obj.box[None], heading, boxes=True)[0], obj.label)
 
 
 def _beside_structure(obj: CutObject, pts: np.ndarray, keep: np.ndarray, rho: np.ndarray,
