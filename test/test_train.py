@@ -270,6 +270,28 @@ def test_detection_loss_with_corners_and_neighbours():
     assert losses[-1][0] < 0.7 * losses[0][0] and parts["regression"] < losses[0][1]["regression"]
 
 
+def test_heat_class_weight_scales_that_class_channel_only():
+    """--heat-class-weight: each class channel's focal terms times its weight; 1 everywhere is the plain loss."""
+    from livox_infer.training.losses import focal_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 8, 8)
+    target = torch.rand(2, 3, 8, 8) * 0.9
+    target[0, 1, 3, 3] = target[1, 0, 5, 2] = target[1, 2, 1, 1] = 1.0
+    plain = focal_loss(logits, target)
+    assert torch.allclose(focal_loss(logits, target, class_weight=torch.ones(3)), plain)
+    per_class = [focal_loss(logits[:, c:c + 1], target[:, c:c + 1]) * (target[:, c].eq(1).sum().clamp_min(1) / 3)
+                 for c in range(3)]  # each channel's share of the sum, normalised by all 3 positives
+    assert torch.allclose(sum(per_class), plain, atol=1e-5)
+    weighted = focal_loss(logits, target, class_weight=torch.tensor([1.0, 2.0, 1.0]))
+    assert torch.allclose(weighted, plain + per_class[1], atol=1e-5)
+    assert train_mod.parse_class_weights("pedestrian=2, cyclist=1.5") == {"pedestrian": 2.0, "cyclist": 1.5}
+    assert train_mod.parse_class_weights(None) is None
+    for bad in ("pedestrian", "walker=2", "pedestrian=0", "pedestrian=nan", "pedestrian=x"):
+        with pytest.raises(ConfigError, match="heat-class-weight"):
+            train_mod.parse_class_weights(bad)
+
+
 def test_resolve_precision(monkeypatch):
     cpu = torch.device("cpu")
     assert train_mod.resolve_precision("fp32", cpu) is None
@@ -479,6 +501,18 @@ def test_train_function_makes_the_weights_the_cli_makes(tiny_dataset, tmp_path):
     assert meta["step"] == "2"
     c, _ = _tensors(work / "checkpoint.safetensors")
     assert any(not torch.equal(a[k], c[k]) for k in a if k.startswith("model."))  # 4 steps vs 2
+
+
+@pytest.mark.slow  # two short training runs: ~10 s
+def test_heat_class_weight_reaches_the_training_step(tiny_dataset, tmp_path):
+    """--heat-class-weight pedestrian=3 changes the weights a run makes (same seed) and is recorded in them."""
+    plain, _ = _fresh_run(tiny_dataset, tmp_path / "plain")
+    weighted, _ = _fresh_run(tiny_dataset, tmp_path / "weighted", heat_class_weight="pedestrian=3")
+    assert train_mod.main(plain) == 0 and train_mod.main(weighted) == 0
+    a, _ = _tensors(tmp_path / "plain" / "work" / "checkpoint.safetensors")
+    b, meta = _tensors(tmp_path / "weighted" / "work" / "checkpoint.safetensors")
+    assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
+    assert json.loads(meta["args"])["heat_class_weight"] == {"pedestrian": 3.0}
 
 
 @pytest.mark.slow  # shares the tiny-dataset fixture

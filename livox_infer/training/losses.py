@@ -11,9 +11,10 @@ from livox_infer.detector.head import HEAD_CHANNELS
 
 
 def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, beta: float = 4.0,
-               ignore: torch.Tensor | None = None) -> torch.Tensor:
+               ignore: torch.Tensor | None = None, class_weight: torch.Tensor | None = None) -> torch.Tensor:
     """CenterNet focal loss, normalised by the number of positives (cells where target == 1).
-    ``ignore`` (B, h, w): 1 where negatives do not count (the footprint of an ignored object)."""
+    ``ignore`` (B, h, w): 1 where negatives do not count (the footprint of an ignored object).
+    ``class_weight`` (C,): each class channel's terms (positives and negatives) times its weight."""
     pred = torch.sigmoid(logits).clamp(1e-4, 1 - 1e-4)
     pos = target.eq(1).to(pred.dtype)
     neg = 1.0 - pos
@@ -22,6 +23,9 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 2.0, b
     pos_loss = torch.log(pred) * (1 - pred) ** alpha * pos
     neg_loss = torch.log(1 - pred) * pred**alpha * (1 - target) ** beta * neg
     num_pos = pos.sum().clamp_min(1.0)
+    if class_weight is not None:
+        w = class_weight.to(pred.dtype)[None, :, None, None]
+        pos_loss, neg_loss = pos_loss * w, neg_loss * w
     return -(pos_loss.sum() + neg_loss.sum()) / num_pos
 
 
@@ -79,10 +83,12 @@ def iou_loss(heads: dict[str, torch.Tensor], pred: torch.Tensor, targets: dict[s
 
 
 def detection_loss(heads: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], reg_weight: float = 1.0,
-                   corner_weight: float = 0.0, cell_size: float = 1.0):
+                   corner_weight: float = 0.0, cell_size: float = 1.0, heat_class_weight=None):
     """Total loss and its parts (as floats) for a batch. ``corner_weight`` > 0 adds `corner_loss`; an
-    ``iou`` head map adds `iou_loss` (``cell_size``: the head cell in metres, to put offsets in metres)."""
-    hm = focal_loss(heads["heatmap"], targets["heatmap"], ignore=targets.get("ignore"))
+    ``iou`` head map adds `iou_loss` (``cell_size``: the head cell in metres, to put offsets in metres).
+    ``heat_class_weight``: one heatmap loss weight per class (None: all 1)."""
+    cw = None if heat_class_weight is None else heads["heatmap"].new_tensor(heat_class_weight)
+    hm = focal_loss(heads["heatmap"], targets["heatmap"], ignore=targets.get("ignore"), class_weight=cw)
     pred = gather_regression(heads, targets["index"])
     mask = targets["mask"][..., None]
     w = pred.new_tensor(REGRESSION_WEIGHTS)

@@ -42,7 +42,7 @@ log = logging.getLogger("livox_infer.recipe")
 
 # TrainOptions fields a stage (or the recipe's defaults) may set besides the keys of StageSpec
 STAGE_OPTIONS = ("batch", "lr", "weight_decay", "val_every", "paste_probability", "paste_beside_structure",
-                 "neighbour_weight", "corner_weight",
+                 "neighbour_weight", "corner_weight", "heat_class_weight",
                  "refine_box_beta", "refine_train_passes", "precision", "intensity", "real", "fov_crop",
                  "vehicle_class_passes")
 STAGE_KEYS = {"name", "kind", "init", "config", "train", "val", "steps", "stop_after", "select", "seed", "average_with",

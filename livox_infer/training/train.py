@@ -468,14 +468,15 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 
 def batch_loss(net: torch.nn.Module, bev: torch.Tensor, targets: dict[str, torch.Tensor], cfg: ModelConfig,
-               amp_dtype: torch.dtype | None = None, corner_weight: float = 0.0):
+               amp_dtype: torch.dtype | None = None, corner_weight: float = 0.0, heat_class_weight=None):
     """Training loss of a batch: the network in channels_last, under autocast when ``amp_dtype`` is set
     (see `resolve_precision`), the losses on its outputs in fp32."""
     bev = bev.contiguous(memory_format=torch.channels_last)
     with torch.autocast(bev.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
         heads = net(bev)
     heads = {k: v.float() for k, v in heads.items()}
-    return detection_loss(heads, targets, corner_weight=corner_weight, cell_size=cfg.head_cell_size)
+    return detection_loss(heads, targets, corner_weight=corner_weight, cell_size=cfg.head_cell_size,
+                          heat_class_weight=heat_class_weight)
 
 
 def refine_batch_loss(net: torch.nn.Module, bev: torch.Tensor, scene: list, cfg: ModelConfig,
@@ -611,6 +612,7 @@ class TrainOptions:
     paste_beside_structure: float = 0.0  # share of pasted pedestrians placed beside scene structure (paste.py)
     neighbour_weight: float = 0.0
     corner_weight: float = 0.0
+    heat_class_weight: dict[str, float] | None = None  # class -> heatmap loss weight (others 1)
     intensity: IntensityAugment = IntensityAugment()
     sparse: SparsifyAugment = SparsifyAugment()  # --range-thinning / --part-dropout (off by default)
     keep_checkpoints: bool = False
@@ -760,6 +762,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--neighbour-weight", type=float, default=D.neighbour_weight,
                    help="loss weight of box regression at the 8 cells around each centre (0 = centre only, "
                         "the default: 0.5 made lite's pedestrian boxes less precise, docs/detector.md)")
+    p.add_argument("--heat-class-weight", default=None, metavar="C=W[,C=W]",
+                   help="heatmap loss weight of these classes (e.g. pedestrian=2; the others 1)")
     p.add_argument("--corner-weight", type=float, default=D.corner_weight,
                    help="weight of the BEV corner-distance loss (m) beside the L1 regression (0 = off, the "
                         "default: with uncertain yaw it biases box sizes, docs/detector.md)")
@@ -837,7 +841,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         sensors=tuple(x.strip() for x in str(args.sensors).split(",") if x.strip()),
         paste_probability=args.paste_probability, paste_beside_structure=args.paste_beside_structure,
         neighbour_weight=args.neighbour_weight,
-        corner_weight=args.corner_weight,
+        corner_weight=args.corner_weight, heat_class_weight=parse_class_weights(args.heat_class_weight),
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
         sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
@@ -863,6 +867,25 @@ def parse_stack(value: Any) -> tuple[int, int] | None:
     if len(nums) not in (1, 2):
         raise ConfigError(f"--stack must be K or K,K2 frames, got {value!r}")
     return (nums[0], nums[-1])
+
+
+def parse_class_weights(value: str | None) -> dict[str, float] | None:
+    """--heat-class-weight 'pedestrian=2,cyclist=1.5' -> {"pedestrian": 2.0, "cyclist": 1.5}; None stays None."""
+    if value is None:
+        return None
+    out = {}
+    for item in str(value).split(","):
+        name, sep, w = item.partition("=")
+        name = name.strip()
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = float("nan")
+        if not sep or name not in CLASS_NAMES or not math.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"--heat-class-weight takes CLASS=W[,CLASS=W] with W > 0 and classes among "
+                              f"{', '.join(CLASS_NAMES)}, got {value!r}")
+        out[name] = weight
+    return out
 
 
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
@@ -1003,6 +1026,13 @@ def train(opts: TrainOptions) -> TrainResult:
     elif cfg.refine is not None and opts.stage == "detector":
         log.warning("--stage detector does not train the stage-2 refiner of %s: train it afterwards on the new "
                     "detector with --stage refine --init <these weights>", cfg.source or cfg.name)
+    heat_weights = None
+    if opts.heat_class_weight:
+        unknown = sorted(set(opts.heat_class_weight) - set(cfg.classes))
+        if unknown:
+            raise ConfigError(f"--heat-class-weight: {', '.join(unknown)} not among the model's classes "
+                              f"{list(cfg.classes)}")
+        heat_weights = tuple(float(opts.heat_class_weight.get(c, 1.0)) for c in cfg.classes)
     opt = torch.optim.AdamW(trained.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     ckpt = work / "checkpoint.safetensors"
     start, best = 0, -math.inf
@@ -1080,7 +1110,7 @@ def train(opts: TrainOptions) -> TrainResult:
                                                  opts.refine_train_passes or getattr(cfg, section).passes,
                                                  opts.refine_classes, large)
             else:
-                loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight)
+                loss, parts = batch_loss(net, bev, tgt, cfg, amp_dtype, opts.corner_weight, heat_weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained.parameters(), 10.0)
