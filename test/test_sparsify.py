@@ -95,3 +95,45 @@ def test_part_dropout_classes_flag():
     assert train_mod.options_from_args(p.parse_args(["--part-dropout", "0.5"])).sparse.part_classes is None
     with pytest.raises(ConfigError, match="--part-dropout-classes"):
         train_mod.options_from_args(p.parse_args(["--part-dropout", "0.5", "--part-dropout-classes", "tank"]))
+
+
+def test_scale_objects_scales_each_box_with_its_points_about_its_bottom_face():
+    """Random object scaling: points inside the box move with it (still inside, at the same place in box units), a
+    ground return inside it stays on the ground, the background and ignored boxes stay as they are."""
+    car, loc = _box_points(CAR_BOX)
+    ground = np.array([[21.0, 0.5, CAR_BOX[2] - CAR_BOX[5] / 2 + 0.02, 5.0]], np.float32)  # 2 cm over its bottom
+    background = np.c_[np.random.default_rng(2).uniform(30, 50, (500, 3)), np.zeros(500)].astype(np.float32)
+    ignored = np.array([10.0, 6.0, -0.9, 4.0, 1.8, 1.6, 0.0], np.float32)
+    pts, boxes, labels = np.r_[car, ground, background], np.stack([CAR_BOX, ignored]), np.array([0, -1])
+    out, out_boxes = train_mod.scale_objects(pts, boxes, labels, np.random.default_rng(3), 1.1, 1.1)
+    assert out_boxes[0, 3:6] == pytest.approx(CAR_BOX[3:6] * 1.1, rel=1e-6)
+    assert out_boxes[0, 2] - out_boxes[0, 5] / 2 == pytest.approx(CAR_BOX[2] - CAR_BOX[5] / 2, abs=1e-6)
+    assert np.array_equal(out_boxes[1], ignored) and np.array_equal(out[-500:], background)
+    assert np.allclose(out[:len(car), :2] - out_boxes[0, :2], 1.1 * (car[:, :2] - CAR_BOX[:2]), atol=1e-4)
+    assert out[len(car), 2] == pytest.approx(ground[0, 2] + 0.002, abs=1e-5)  # 2.2 cm over the same bottom
+    assert out[len(car), :2] == pytest.approx([21.1, 0.55], abs=1e-4)
+    assert np.array_equal(out[:, 3], pts[:, 3]) and np.array_equal(pts[:len(car)], car)  # input untouched
+    # a box that would grow into its neighbour stays; shrinking is always allowed
+    near = CAR_BOX + np.array([0, 4.5, 0, 0, 0, 0, 0], np.float32)
+    _, grown = train_mod.scale_objects(car, np.stack([CAR_BOX, near]), np.array([0, 0]), np.random.default_rng(0),
+                                       1.2, 1.2)
+    assert np.allclose(grown, np.stack([CAR_BOX, near]))
+    _, shrunk = train_mod.scale_objects(car, np.stack([CAR_BOX, near]), np.array([0, 0]), np.random.default_rng(0),
+                                        0.9, 0.9)
+    assert shrunk[:, 3:6] == pytest.approx(np.stack([CAR_BOX, near])[:, 3:6] * 0.9, rel=1e-6)
+
+
+def test_object_scale_flag():
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    sparse = train_mod.options_from_args(p.parse_args(["--object-scale", "0.85", "1.15"])).sparse
+    assert sparse.object_scale == (0.85, 1.15) and not sparse.enabled  # sparsify() itself stays off
+    assert train_mod.options_from_args(p.parse_args([])).sparse.object_scale is None
+    for bad in (["0", "1.1"], ["1.2", "1.1"], ["0.9", "2.5"]):
+        with pytest.raises(ConfigError, match="--object-scale"):
+            train_mod.options_from_args(p.parse_args(["--object-scale", *bad]))
+    frame = train_mod.Frame(np.r_[_box_points(CAR_BOX)[0]], CAR_BOX[None], np.array([0]), 1.8, np.array([0, 0, 1.0]),
+                            "avia")
+    plain = train_mod.augment(frame, np.random.default_rng(4))
+    scaled = train_mod.augment(frame, np.random.default_rng(4), sparse=SparsifyAugment(object_scale=(1.3, 1.3)))
+    assert scaled[1][0, 3] == pytest.approx(plain[1][0, 3] * 1.3, rel=1e-5)

@@ -44,7 +44,7 @@ from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.detector.postprocess import select_detections, topk_decode
-from livox_infer.training.sparsify import SparsifyAugment, sparsify
+from livox_infer.training.sparsify import SparsifyAugment, scale_objects, sparsify
 from livox_infer.detector.refine import (
     first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
     stage2_points,
@@ -246,6 +246,8 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     boxes[:, 6] = np.remainder(boxes[:, 6] + yaw + math.pi, 2 * math.pi) - math.pi
     up = rot @ up
     height = frame.sensor_height * scale
+    if sparse.object_scale is not None:
+        pts, boxes = scale_objects(pts, boxes, labels, rng, *sparse.object_scale)
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
     pts = sparsify(pts[keep], boxes, labels, rng, sparse)
     if fov_crop_share and rng.random() < fov_crop_share:
@@ -785,6 +787,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part-dropout-classes", default=None, metavar="C[,C]",
                    help="with --part-dropout: only objects of these classes lose parts (default: all). Real cars "
                         "return about half the simulated points at the same range, real pedestrians about as many")
+    p.add_argument("--object-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="random object scaling: each labelled object and its points scaled by a factor from "
+                        "U(LOW, HIGH) about its bottom face (training/sparsify.py; default off)")
     p.add_argument("--real", default=None, metavar="DIR",
                    help="also train on the labelled real scans in DIR (livox-infer eval --real's layout), only those of "
                         "--real-sources: cross-validation by source, docs/training.md")
@@ -843,7 +848,7 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         neighbour_weight=args.neighbour_weight,
         corner_weight=args.corner_weight, heat_class_weight=parse_class_weights(args.heat_class_weight),
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
-        sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes),
+        sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes, args.object_scale),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
         real=None if not args.real else RealTrainingSpec(
@@ -889,8 +894,14 @@ def parse_class_weights(value: str | None) -> dict[str, float] | None:
 
 
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
-                   part_classes: str | None = None) -> SparsifyAugment:
-    """--range-thinning / --part-dropout (shares in [0, 1]) / --part-dropout-classes (class names, comma-separated)."""
+                   part_classes: str | None = None, object_scale=None) -> SparsifyAugment:
+    """--range-thinning / --part-dropout (shares in [0, 1]) / --part-dropout-classes (class names, comma-separated) /
+    --object-scale LOW HIGH (0 < LOW <= HIGH <= 2)."""
+    if object_scale is not None:
+        low, high = (float(v) for v in object_scale)
+        if not (0.0 < low <= high <= 2.0):
+            raise ConfigError(f"--object-scale needs 0 < LOW <= HIGH <= 2, got {low} {high}")
+        object_scale = (low, high)
     for name, value in (("range-thinning", range_thinning), ("part-dropout", part_dropout)):
         if not (0.0 <= value <= 1.0):
             raise ConfigError(f"--{name} must be in [0, 1]")
@@ -902,7 +913,8 @@ def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
             raise ConfigError(f"--part-dropout-classes: unknown or no class {unknown or part_classes!r} "
                               f"(classes: {', '.join(CLASS_NAMES)})")
         classes = tuple(sorted({CLASS_NAMES.index(n) for n in names}))
-    return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout), part_classes=classes)
+    return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout), part_classes=classes,
+                           object_scale=object_scale)
 
 
 def trained_real_sources_of(weights: str | Path | None) -> tuple[str, ...]:
