@@ -87,6 +87,8 @@ def scale_objects(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng
     points = points.copy()
     boxes = np.asarray(boxes, np.float64).copy()
     reach = 0.5 * np.hypot(boxes[:, 3], boxes[:, 4])  # BEV circumradius
+    order = np.argsort(points[:, 0], kind="stable")  # each box then looks only at the points in its x band
+    xs = points[order, 0]
     for i in range(len(boxes)):
         if labels[i] < 0:
             continue
@@ -96,8 +98,9 @@ def scale_objects(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng
         gap = np.hypot(boxes[others, 0] - box[0], boxes[others, 1] - box[1]) - reach[others]
         if f > 1.0 and np.any(gap < f * reach[i]):
             continue
-        loc = _local(points, box)
-        inside = np.all(np.abs(loc) <= np.asarray(box[3:6]) / 2, axis=1)
+        band = order[np.searchsorted(xs, box[0] - reach[i], "left"):np.searchsorted(xs, box[0] + reach[i], "right")]
+        near = band[np.abs(points[band, 1] - box[1]) <= reach[i]]
+        inside = near[np.all(np.abs(_local(points[near], box)) <= np.asarray(box[3:6]) / 2, axis=1)]
         bottom = np.array([box[0], box[1], box[2] - box[5] / 2])
         points[inside, :3] = (bottom + (points[inside, :3] - bottom) * f).astype(points.dtype)
         box[3:6] *= f
