@@ -742,3 +742,34 @@ def test_large_vehicles_option_scales_the_trucks_and_buses_in_the_lanes():
         assert all(np.all(o.velocity == 0) for o in large(make_scene(s, "street", large_vehicles=0)))
     with pytest.raises(ConfigError, match="large_vehicles"):
         make_scene(0, "street", large_vehicles=-1)
+
+
+@pytest.mark.parametrize("mode", ["street", "open"])
+def test_roadside_shrubs_are_car_sized_unlabelled_and_clear_of_everything(mode):
+    """shrubs: lumpy foliage pieces of car size beside the road (real car false positives are shrubs and hedges),
+    each clear of every object's footprint and of the ego lane; the scene's objects and labels unchanged, and
+    the frame's points on them carry no label."""
+    from livox_infer.sim.geometry import ELLIPSOID
+
+    plain = make_scene(seed=8, mode=mode)
+    assert len(make_scene(seed=8, mode=mode, shrubs=0.0).static) == len(plain.static)
+    shrubby = make_scene(seed=8, mode=mode, shrubs=1.0)
+    assert [(o.label, tuple(o.position), o.yaw) for o in shrubby.objects] == [(o.label, tuple(o.position), o.yaw)
+                                                                             for o in plain.objects]
+    st, n0 = shrubby.static, len(plain.static)
+    added = range(n0, len(st))
+    assert len(added) >= 30 and all(int(st.kind[i]) == ELLIPSOID for i in added)
+    assert all(float(st.volume_k[i]) > 0 for i in added)  # foliage: rays stop inside at a random depth
+    for i in added:
+        c, half = np.asarray(st.center[i]), np.asarray(st.half[i])
+        assert half[2] * 2 <= 2.5 + 1e-6 and max(half[0], half[1]) <= 1.3 * 1.2 + 1e-6
+        if mode == "street":
+            assert abs(c[1] - shrubby.ego_y) - half[0] >= 2.5 - 0.5  # (centre jitter of 0.15 m per axis aside)
+        for o in plain.objects:
+            assert np.hypot(*(c[:2] - o.position[:2])) > _object_radius(o.parts), o.label
+    a = simulate_frame("hdl64", seed=8, scene=mode, sensor_height=1.8)
+    b = simulate_frame("hdl64", seed=8, scene=mode, sensor_height=1.8, shrubs=1.0)
+    assert np.array_equal(a.labels, b.labels) and np.allclose(a.boxes, b.boxes, atol=0.01)  # (shot times: mm)
+    assert b.valid.sum() != a.valid.sum()
+    with pytest.raises(ConfigError):
+        make_scene(seed=8, mode=mode, shrubs=6.0)

@@ -653,7 +653,7 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
                n_cyclists: int | None = None, clutter: float = 1.0, length: float = 150.0,
                moving: bool = True, ego_speed: float = 8.0, lookalikes: float = 0.0,
                ped_groups: float = 0.0, large_vehicles: float = 1.0, ped_context: float = 0.0,
-               ped_by_cars: float = 0.0, ped_overhead: float = 0.0) -> Scene:
+               ped_by_cars: float = 0.0, ped_overhead: float = 0.0, shrubs: float = 0.0) -> Scene:
     """Build a reproducible scene.
 
     mode "street": a road along x with lanes, parked cars on both sides and moving traffic,
@@ -677,6 +677,9 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
     posts (0 = none, the original scenes, where nothing hangs over a pedestrian): every real AV2 pedestrian with
     >= 30 points has points within 1 m of it 0.3-4 m above its head, and sensors that see upwards (VLP-32C, the
     Livox models) see them; a column under a crown is what the detector learnt as a tree trunk.
+    ``shrubs``: density of car-sized lumpy shrubs and hedge pieces (2-5.5 m long, 0.8-2.5 m high, unlabelled) on the
+    roadside beyond the parked cars (1: about one per 12 m of road on each side; 0 = none, the original scenes): the
+    real car false positives include a 2 m shrub by garages, roadside greenery and hedges on a slope.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -694,6 +697,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         raise ConfigError(f"ped_by_cars is a share in [0, 1], got {ped_by_cars!r}")
     if not 0.0 <= ped_overhead <= 1.0:
         raise ConfigError(f"ped_overhead is a share in [0, 1], got {ped_overhead!r}")
+    if not 0.0 <= shrubs <= 5.0:
+        raise ConfigError(f"shrubs is a density in [0, 5], got {shrubs!r}")
     for name, v in (("n_cars", n_cars), ("n_pedestrians", n_pedestrians), ("n_cyclists", n_cyclists)):
         if v is not None and v < 0:
             raise ConfigError(f"{name} must be >= 0")
@@ -711,6 +716,8 @@ def make_scene(seed: int = 0, mode: str = "street", *, n_cars: int | None = None
         _add_pedestrian_context(scn, np.random.default_rng([int(seed), 19]), ped_context)
     if ped_overhead > 0:  # own stream; its trunks, facades and posts keep clear of the objects, not of context walls
         _add_pedestrian_overhead(scn, np.random.default_rng([int(seed), 29]), ped_overhead)
+    if shrubs > 0:  # own stream, last: keeps clear of every object and of the ego lane
+        _add_roadside_shrubs(scn, np.random.default_rng([int(seed), 31]), shrubs)
     return scn
 
 
@@ -767,6 +774,45 @@ def _add_pedestrian_context(scn: Scene, rng: np.random.Generator, share: float) 
             continue
         add()
         others.append((float(c[0]), float(c[1]), reach, -1))
+    scn.static = Primitives.concat([scn.static, b.build()])
+
+
+def _add_roadside_shrubs(scn: Scene, rng: np.random.Generator, density: float) -> None:
+    """Car-sized lumpy shrubs and hedge pieces (unlabelled): 3-7 foliage ellipsoids along a 2-5.5 m line, 0.8-2.5 m
+    high, on each side of the road 1.5-7 m beyond the line the parked cars stand on (in an open scene: anywhere 5-60 m
+    out), about ``density`` per 12 m of road and side. Each keeps 0.3 m clear of every object's footprint and 2.5 m
+    of the ego lane. Own random stream: the rest of the scene is unchanged."""
+    others = [(ob.position[0], ob.position[1], _object_radius(ob.parts), ob.object_id) for ob in scn.objects]
+    b = PrimitiveBuilder()
+    x_lo, x_hi = max(scn.extent_x[0], 3.0), scn.extent_x[1]
+    n = int(round(density * (x_hi - x_lo) / 12.0))
+    parked = [ob for ob in scn.objects if ob.label == CAR and not np.any(ob.velocity != 0)]
+    for _ in range(2 * n):
+        side = float(rng.choice((-1.0, 1.0)))
+        if scn.mode == "street":
+            line = [abs(ob.position[1] - scn.ego_y) for ob in parked if (ob.position[1] - scn.ego_y) * side > 0]
+            edge = float(np.median(line)) + 1.0 if line else float(rng.uniform(5.0, 9.0))
+            x, y = float(rng.uniform(x_lo, x_hi)), scn.ego_y + side * (edge + float(rng.uniform(1.5, 7.0)))
+        else:
+            r, a = float(rng.uniform(5.0, 60.0)), float(rng.uniform(-np.pi / 3, np.pi / 3))
+            x, y = r * np.cos(a), r * np.sin(a)
+        length, height = float(rng.uniform(2.0, 5.5)), float(rng.uniform(0.8, 2.5))
+        yaw = float(rng.normal(0.0, 0.3)) if scn.mode == "street" else float(rng.uniform(0, np.pi))
+        axis = np.array([np.cos(yaw), np.sin(yaw)])
+        k = int(rng.integers(3, 8))
+        along = np.sort(rng.uniform(-0.5, 0.5, k)) * length
+        radii = rng.uniform(0.45, 1.0, k) * min(1.3, 0.5 * height + 0.3)
+        centres = [np.array([x, y]) + t * axis + rng.normal(0.0, 0.15, 2) for t in along]
+        if any(abs(c[1] - scn.ego_y) - r < 2.5 for c, r in zip(centres, radii)):
+            continue
+        if _reaches_another(others, centres, float(radii.max()) + 0.2, -1):
+            continue
+        for c, r in zip(centres, radii):
+            z0 = float(scn.ground.height(c[0], c[1]))
+            top = float(rng.uniform(0.6, 1.0)) * height
+            b.add(ELLIPSOID, (c[0], c[1], z0 + top / 2), (r, r * float(rng.uniform(0.7, 1.2)), top / 2),
+                  reflect=float(rng.uniform(0.25, 0.5)), volume_k=float(rng.uniform(2.0, 6.0)))
+            others.append((float(c[0]), float(c[1]), float(r), -1))
     scn.static = Primitives.concat([scn.static, b.build()])
 
 

@@ -18,7 +18,7 @@ TAG_NORMAL, TAG_NOISE_HIGH, TAG_NOISE_MODERATE = 0, 1, 2
 
 SCENE_OPTIONS = ("n_cars", "n_pedestrians", "n_cyclists", "clutter", "length", "moving", "ego_speed_scene",
                  "lookalikes", "ped_groups", "large_vehicles", "ped_context", "ped_by_cars",
-                 "ped_overhead")
+                 "ped_overhead", "shrubs")
 FRAME_OPTIONS = (
     "sensor_height", "pitch_deg", "roll_deg", "yaw_deg", "period", "ego_speed", "range_noise", "dropout",
     "mixed_edges", "false_alarm_rate", "max_box_range", "yaw_rate_dps", "deskew",
@@ -118,7 +118,7 @@ def simulate_frame(sensor: str | SensorModel = "avia", seed: int = 0, frame_inde
     """Simulate one frame of ``sensor`` in ``scene`` (a Scene, or "street"/"open" built from ``seed``).
 
     Scene options (when the scene is built here): n_cars, n_pedestrians, n_cyclists, clutter, length, moving,
-    lookalikes, ped_groups, large_vehicles, ped_context, ped_by_cars, ped_overhead (make_scene).
+    lookalikes, ped_groups, large_vehicles, ped_context, ped_by_cars, ped_overhead, shrubs (make_scene).
     Frame options: sensor_height (m, or a (low, high) range; default U(0.5, 2.5) per seed), pitch_deg / roll_deg / yaw_deg
     (default U(-3, 3) per seed), period (s, 0.1), ego_speed (m/s along the road, or a (low, high) range
     drawn per seed; 0), yaw_rate_dps (vehicle turn rate, deg/s, or a range; 0), deskew (False: points in the
