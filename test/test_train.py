@@ -290,6 +290,10 @@ def test_heat_class_weight_scales_that_class_channel_only():
     for bad in ("pedestrian", "walker=2", "pedestrian=0", "pedestrian=nan", "pedestrian=x"):
         with pytest.raises(ConfigError, match="heat-class-weight"):
             train_mod.parse_class_weights(bad)
+    train_mod.TrainOptions(heat_class_weight={"pedestrian": 2}).check()  # a recipe's value, as YAML gives it
+    for bad in ({"pedestrian": -1}, {"walker": 2}, {}):
+        with pytest.raises(ConfigError, match="heat-class-weight"):
+            train_mod.TrainOptions(heat_class_weight=bad).check()
 
 
 def test_resolve_precision(monkeypatch):

@@ -657,6 +657,8 @@ class TrainOptions:
             raise ConfigError("--fov-crop must be in [0, 1]")
         if not 0.0 <= self.paste_beside_structure <= 1.0:
             raise ConfigError("--paste-beside-structure must be in [0, 1]")
+        if self.heat_class_weight is not None:  # a recipe's dict comes here unparsed
+            parse_class_weights(",".join(f"{k}={v}" for k, v in dict(self.heat_class_weight).items()) or "-")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
         if self.real is not None:
