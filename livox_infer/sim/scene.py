@@ -786,12 +786,14 @@ def _add_roadside_shrubs(scn: Scene, rng: np.random.Generator, density: float) -
     b = PrimitiveBuilder()
     x_lo, x_hi = max(scn.extent_x[0], 3.0), scn.extent_x[1]
     n = int(round(density * (x_hi - x_lo) / 12.0))
-    parked = [ob for ob in scn.objects if ob.label == CAR and not np.any(ob.velocity != 0)]
+    parked = [ob.position[1] - scn.ego_y for ob in scn.objects if ob.label == CAR and not np.any(ob.velocity != 0)]
+    # per side: 1 m beyond the median line the parked cars stand on (None: no parked car on that side)
+    kerb = {side: float(np.median(line)) + 1.0 if (line := [abs(d) for d in parked if d * side > 0]) else None
+            for side in (-1.0, 1.0)}
     for _ in range(2 * n):
         side = float(rng.choice((-1.0, 1.0)))
         if scn.mode == "street":
-            line = [abs(ob.position[1] - scn.ego_y) for ob in parked if (ob.position[1] - scn.ego_y) * side > 0]
-            edge = float(np.median(line)) + 1.0 if line else float(rng.uniform(5.0, 9.0))
+            edge = kerb[side] if kerb[side] is not None else float(rng.uniform(5.0, 9.0))
             x, y = float(rng.uniform(x_lo, x_hi)), scn.ego_y + side * (edge + float(rng.uniform(1.5, 7.0)))
         else:
             r, a = float(rng.uniform(5.0, 60.0)), float(rng.uniform(-np.pi / 3, np.pi / 3))
