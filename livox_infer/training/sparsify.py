@@ -94,10 +94,11 @@ def scale_objects(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng
             continue
         f = float(rng.uniform(low, high))
         box = boxes[i]
-        others = np.arange(len(boxes)) != i
-        gap = np.hypot(boxes[others, 0] - box[0], boxes[others, 1] - box[1]) - reach[others]
-        if f > 1.0 and np.any(gap < f * reach[i]):
-            continue
+        if f > 1.0:
+            others = np.arange(len(boxes)) != i
+            gap = np.hypot(boxes[others, 0] - box[0], boxes[others, 1] - box[1]) - reach[others]
+            if np.any(gap < f * reach[i]):
+                continue
         band = order[np.searchsorted(xs, box[0] - reach[i], "left"):np.searchsorted(xs, box[0] + reach[i], "right")]
         near = band[np.abs(points[band, 1] - box[1]) <= reach[i]]
         inside = near[np.all(np.abs(_local(points[near], box)) <= np.asarray(box[3:6]) / 2, axis=1)]

@@ -658,7 +658,7 @@ class TrainOptions:
         if not 0.0 <= self.paste_beside_structure <= 1.0:
             raise ConfigError("--paste-beside-structure must be in [0, 1]")
         if self.heat_class_weight is not None:  # a recipe's dict comes here unparsed
-            parse_class_weights(",".join(f"{k}={v}" for k, v in dict(self.heat_class_weight).items()) or "-")
+            check_class_weights(self.heat_class_weight)
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"--ema-decay must be in [0, 1), got {self.ema_decay}")
         if self.real is not None:
@@ -876,23 +876,29 @@ def parse_stack(value: Any) -> tuple[int, int] | None:
     return (nums[0], nums[-1])
 
 
+def check_class_weights(weights: dict, given: Any = None) -> dict[str, float]:
+    """``weights`` (class name -> weight) as floats, or ConfigError: no class, an unknown class or a weight that is
+    not a finite number > 0. ``given``: what the user wrote, for the message (default: ``weights``)."""
+    out = {}
+    for name, w in dict(weights).items():
+        try:
+            out[name] = float(w)
+        except (TypeError, ValueError):
+            out[name] = float("nan")
+    if out and all(n in CLASS_NAMES and math.isfinite(w) and w > 0 for n, w in out.items()):
+        return out
+    raise ConfigError(f"--heat-class-weight takes CLASS=W[,CLASS=W] with W > 0 and classes among "
+                      f"{', '.join(CLASS_NAMES)}, got {weights if given is None else given!r}")
+
+
 def parse_class_weights(value: str | None) -> dict[str, float] | None:
     """--heat-class-weight 'pedestrian=2,cyclist=1.5' -> {"pedestrian": 2.0, "cyclist": 1.5}; None stays None."""
     if value is None:
         return None
-    out = {}
-    for item in str(value).split(","):
-        name, sep, w = item.partition("=")
-        name = name.strip()
-        try:
-            weight = float(w)
-        except ValueError:
-            weight = float("nan")
-        if not sep or name not in CLASS_NAMES or not math.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"--heat-class-weight takes CLASS=W[,CLASS=W] with W > 0 and classes among "
-                              f"{', '.join(CLASS_NAMES)}, got {value!r}")
-        out[name] = weight
-    return out
+    pairs = [item.partition("=") for item in str(value).split(",")]
+    if not all(sep for _, sep, _ in pairs):
+        return check_class_weights({}, value)  # raises
+    return check_class_weights({name.strip(): w for name, _, w in pairs}, value)
 
 
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
