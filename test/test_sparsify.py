@@ -1,12 +1,14 @@
 """Train-time sparsification (training/sparsify.py): range thinning and object part dropout, and their train flags."""
 
 import argparse
+import dataclasses
 
 import numpy as np
 import pytest
 
 from livox_infer.errors import ConfigError
 from livox_infer.training import train as train_mod
+from livox_infer.training import sparsify as sparsify_mod
 from livox_infer.training.sparsify import SparsifyAugment, drop_object_parts, sparsify, thin_with_range
 
 CAR_BOX = np.array([20.0, 0.0, -0.9, 4.0, 1.8, 1.6, 0.0], np.float32)  # x y z(centre) l w h yaw
@@ -137,3 +139,42 @@ def test_object_scale_flag():
     plain = train_mod.augment(frame, np.random.default_rng(4))
     scaled = train_mod.augment(frame, np.random.default_rng(4), sparse=SparsifyAugment(object_scale=(1.3, 1.3)))
     assert scaled[1][0, 3] == pytest.approx(plain[1][0, 3] * 1.3, rel=1e-5)
+
+
+def test_thin_simulated_cars_keeps_near_cars_and_dims_far_ones_only():
+    """Cars from 30 m on keep a per-car share drawn from U(low, high); a car inside 15 m keeps every point, one at
+    22.5 m half the loss; a pedestrian and the background keep theirs."""
+    far = CAR_BOX + np.array([20.0, 0, 0, 0, 0, 0, 0], np.float32)  # 40 m
+    mid = CAR_BOX + np.array([2.5, 8.0, 0, 0, 0, 0, 0], np.float32)  # sqrt(22.5^2 + 8^2) ~ 23.9 m
+    near = CAR_BOX + np.array([-10.0, 0, 0, 0, 0, 0, 0], np.float32)  # 10 m
+    ped = np.array([40.0, 5.0, -0.9, 0.6, 0.6, 1.7, 0.0], np.float32)
+    boxes = np.stack([far, mid, near, ped])
+    labels = np.array([0, 0, 0, 1])
+    parts = [_box_points(b, seed=i)[0] for i, b in enumerate(boxes)]
+    background = np.c_[np.random.default_rng(2).uniform(60, 70, (500, 3)), np.zeros(500)].astype(np.float32)
+    pts = np.concatenate([*parts, background])
+    out = sparsify_mod.thin_simulated_cars(pts, boxes, labels, np.random.default_rng(5), 0.4, 0.4)
+    counts = train_mod.points_in_boxes(out, boxes)
+    ramp = (np.hypot(mid[0], mid[1]) - 15.0) / 15.0
+    assert counts[0] / len(parts[0]) == pytest.approx(0.4, abs=0.03)
+    assert counts[1] / len(parts[1]) == pytest.approx(1 - 0.6 * ramp, abs=0.03)
+    assert counts[2] == len(parts[2]) and counts[3] == len(parts[3])
+    assert np.array_equal(out[-500:], background)
+
+
+def test_sim_car_keep_flag_and_real_views_left_alone():
+    p = argparse.ArgumentParser()
+    train_mod.add_arguments(p)
+    sparse = train_mod.options_from_args(p.parse_args(["--sim-car-keep", "0.25", "0.65"])).sparse
+    assert sparse.sim_car_keep == (0.25, 0.65) and not sparse.enabled
+    assert train_mod.options_from_args(p.parse_args([])).sparse.sim_car_keep is None
+    for bad in (["0", "0.5"], ["0.6", "0.5"], ["0.5", "1.2"]):
+        with pytest.raises(ConfigError, match="--sim-car-keep"):
+            train_mod.options_from_args(p.parse_args(["--sim-car-keep", *bad]))
+    box = CAR_BOX + np.array([20.0, 0, 0, 0, 0, 0, 0], np.float32)  # 40 m
+    sim = train_mod.Frame(_box_points(box)[0], box[None], np.array([0]), 1.8, np.array([0, 0, 1.0]), "hdl64")
+    real = dataclasses.replace(sim, real=True)
+    aug = SparsifyAugment(sim_car_keep=(0.3, 0.3))
+    plain = train_mod.augment(sim, np.random.default_rng(4))[0]
+    assert len(train_mod.augment(sim, np.random.default_rng(4), sparse=aug)[0]) < 0.5 * len(plain)
+    assert np.array_equal(train_mod.augment(real, np.random.default_rng(4), sparse=aug)[0], plain)

@@ -44,7 +44,7 @@ from livox_infer.detector.network import build_model
 from livox_infer.training.paste import ObjectDatabase, PasteConfig, paste_objects
 from livox_infer.training.real_frames import RealTrainingSpec
 from livox_infer.detector.postprocess import select_detections, topk_decode
-from livox_infer.training.sparsify import SparsifyAugment, scale_objects, sparsify
+from livox_infer.training.sparsify import SparsifyAugment, scale_objects, sparsify, thin_simulated_cars
 from livox_infer.detector.refine import (
     first_hit_map, match_candidates, next_boxes, refine_candidates, refine_loss, refiner_context, roi_point_features,
     stage2_points,
@@ -248,6 +248,8 @@ def augment(frame: Frame, rng: np.random.Generator, strength: float = 1.0,
     height = frame.sensor_height * scale
     if sparse.object_scale is not None:
         pts, boxes = scale_objects(pts, boxes, labels, rng, *sparse.object_scale)
+    if sparse.sim_car_keep is not None and not frame.real:
+        pts = thin_simulated_cars(pts, boxes, labels, rng, *sparse.sim_car_keep)
     keep = rng.random(pts.shape[0]) < rng.uniform(0.7, 1.0)  # density / range variation
     pts = sparsify(pts[keep], boxes, labels, rng, sparse)
     if fov_crop_share and rng.random() < fov_crop_share:
@@ -792,6 +794,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--object-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                    help="random object scaling: each labelled object and its points scaled by a factor from "
                         "U(LOW, HIGH) about its bottom face (training/sparsify.py; default off)")
+    p.add_argument("--sim-car-keep", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="simulated cars only: keep each car's points with a probability drawn per car from U(LOW, HIGH) "
+                        "from 30 m on, ramping from 1 at 15 m (real cars return fewer points than simulated ones; "
+                        "training/sparsify.py; default off)")
     p.add_argument("--real", default=None, metavar="DIR",
                    help="also train on the labelled real scans in DIR (livox-infer eval --real's layout), only those of "
                         "--real-sources: cross-validation by source, docs/training.md")
@@ -850,7 +856,8 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
         neighbour_weight=args.neighbour_weight,
         corner_weight=args.corner_weight, heat_class_weight=parse_class_weights(args.heat_class_weight),
         intensity=intensity_augment(args.intensity_drop, args.intensity_gain, args.intensity_gamma),
-        sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes, args.object_scale),
+        sparse=sparse_augment(args.range_thinning, args.part_dropout, args.part_dropout_classes, args.object_scale,
+                              args.sim_car_keep),
         keep_checkpoints=args.keep_checkpoints, time_budget=args.time_budget,
         write_models=getattr(args, "write_models", False),
         real=None if not args.real else RealTrainingSpec(
@@ -902,9 +909,14 @@ def parse_class_weights(value: str | None) -> dict[str, float] | None:
 
 
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
-                   part_classes: str | None = None, object_scale=None) -> SparsifyAugment:
+                   part_classes: str | None = None, object_scale=None, sim_car_keep=None) -> SparsifyAugment:
     """--range-thinning / --part-dropout (shares in [0, 1]) / --part-dropout-classes (class names, comma-separated) /
-    --object-scale LOW HIGH (0 < LOW <= HIGH <= 2)."""
+    --object-scale LOW HIGH (0 < LOW <= HIGH <= 2) / --sim-car-keep LOW HIGH (0 < LOW <= HIGH <= 1)."""
+    if sim_car_keep is not None:
+        low, high = (float(v) for v in sim_car_keep)
+        if not (0.0 < low <= high <= 1.0):
+            raise ConfigError(f"--sim-car-keep needs 0 < LOW <= HIGH <= 1, got {low} {high}")
+        sim_car_keep = (low, high)
     if object_scale is not None:
         low, high = (float(v) for v in object_scale)
         if not (0.0 < low <= high <= 2.0):
@@ -922,7 +934,7 @@ def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
                               f"(classes: {', '.join(CLASS_NAMES)})")
         classes = tuple(sorted({CLASS_NAMES.index(n) for n in names}))
     return SparsifyAugment(range_prob=float(range_thinning), part_prob=float(part_dropout), part_classes=classes,
-                           object_scale=object_scale)
+                           object_scale=object_scale, sim_car_keep=sim_car_keep)
 
 
 def trained_real_sources_of(weights: str | Path | None) -> tuple[str, ...]:
