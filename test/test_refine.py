@@ -629,7 +629,9 @@ def test_warm_start_grows_classes_keeping_the_old_ones(tmp_path):
     x = torch.rand(1, len(three.grid.channel_names), three.grid.height, three.grid.width)
     with torch.no_grad():
         a, b = old(x), new(x)
-    assert torch.equal(a["heatmap"], b["heatmap"][:, :3]) and b["heatmap"].shape[1] == 5
+    # a 3- and a 5-channel convolution may sum in another order (oneDNN picks kernels by shape; on an AMD EPYC
+    # they differ in the last bit), so "the same" is to float precision
+    assert torch.allclose(a["heatmap"], b["heatmap"][:, :3], rtol=1e-5, atol=1e-6) and b["heatmap"].shape[1] == 5
     assert all(torch.equal(a[k], b[k]) for k in a if k != "heatmap")
     w = new.refiner.head[0].weight
     start = five.refine.point_channels[-1] + 3
