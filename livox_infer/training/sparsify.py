@@ -55,6 +55,14 @@ def _local(points: np.ndarray, box: np.ndarray) -> np.ndarray:
     return np.stack([d[:, 0] * c + d[:, 1] * s, -d[:, 0] * s + d[:, 1] * c, d[:, 2]], 1)
 
 
+def _indices_in_box(points: np.ndarray, order: np.ndarray, xs: np.ndarray, box: np.ndarray, reach: float) -> np.ndarray:
+    """Indices of the points inside ``box`` (BEV circumradius ``reach``), looking only at those in its x band:
+    ``order`` sorts the points by x, ``xs`` are those x values."""
+    band = order[np.searchsorted(xs, box[0] - reach, "left"):np.searchsorted(xs, box[0] + reach, "right")]
+    near = band[np.abs(points[band, 1] - box[1]) <= reach]
+    return near[np.all(np.abs(_local(points[near], box)) <= np.asarray(box[3:6]) / 2, axis=1)]
+
+
 def drop_object_parts(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
                       prob: float, classes: tuple[int, ...] | None = None) -> np.ndarray:
     """For each box with probability ``prob`` remove one part of its points: cars may lose the glass band
@@ -105,9 +113,7 @@ def scale_objects(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng
             gap = np.hypot(boxes[others, 0] - box[0], boxes[others, 1] - box[1]) - reach[others]
             if np.any(gap < f * reach[i]):
                 continue
-        band = order[np.searchsorted(xs, box[0] - reach[i], "left"):np.searchsorted(xs, box[0] + reach[i], "right")]
-        near = band[np.abs(points[band, 1] - box[1]) <= reach[i]]
-        inside = near[np.all(np.abs(_local(points[near], box)) <= np.asarray(box[3:6]) / 2, axis=1)]
+        inside = _indices_in_box(points, order, xs, box, reach[i])
         bottom = np.array([box[0], box[1], box[2] - box[5] / 2])
         points[inside, :3] = (bottom + (points[inside, :3] - bottom) * f).astype(points.dtype)
         box[3:6] *= f
@@ -133,9 +139,7 @@ def thin_simulated_cars(points: np.ndarray, boxes: np.ndarray, labels: np.ndarra
         if keep >= 1.0:
             continue
         reach = 0.5 * float(np.hypot(box[3], box[4]))
-        band = order[np.searchsorted(xs, box[0] - reach, "left"):np.searchsorted(xs, box[0] + reach, "right")]
-        near_pts = band[np.abs(points[band, 1] - box[1]) <= reach]
-        inside = near_pts[np.all(np.abs(_local(points[near_pts], box)) <= np.asarray(box[3:6]) / 2, axis=1)]
+        inside = _indices_in_box(points, order, xs, box, reach)
         drop[inside[rng.random(inside.shape[0]) >= keep]] = True
     return points[~drop]
 
