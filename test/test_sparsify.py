@@ -143,7 +143,7 @@ def test_object_scale_flag():
 
 def test_thin_simulated_cars_keeps_near_cars_and_dims_far_ones_only():
     """Cars from 30 m on keep a per-car share drawn from U(low, high); a car inside 15 m keeps every point, one at
-    22.5 m half the loss; a pedestrian and the background keep theirs."""
+    ~24 m the ramp's share; a pedestrian and the background keep theirs."""
     far = CAR_BOX + np.array([20.0, 0, 0, 0, 0, 0, 0], np.float32)  # 40 m
     mid = CAR_BOX + np.array([2.5, 8.0, 0, 0, 0, 0, 0], np.float32)  # sqrt(22.5^2 + 8^2) ~ 23.9 m
     near = CAR_BOX + np.array([-10.0, 0, 0, 0, 0, 0, 0], np.float32)  # 10 m

@@ -908,20 +908,22 @@ def parse_class_weights(value: str | None) -> dict[str, float] | None:
     return check_class_weights({name.strip(): w for name, _, w in pairs}, value)
 
 
+def _low_high(flag: str, value, top: float) -> tuple[float, float] | None:
+    """A LOW HIGH pair as floats with 0 < LOW <= HIGH <= ``top`` (ConfigError otherwise); None stays None."""
+    if value is None:
+        return None
+    low, high = (float(v) for v in value)
+    if not (0.0 < low <= high <= top):
+        raise ConfigError(f"{flag} needs 0 < LOW <= HIGH <= {top:g}, got {low} {high}")
+    return (low, high)
+
+
 def sparse_augment(range_thinning: float = 0.0, part_dropout: float = 0.0,
                    part_classes: str | None = None, object_scale=None, sim_car_keep=None) -> SparsifyAugment:
     """--range-thinning / --part-dropout (shares in [0, 1]) / --part-dropout-classes (class names, comma-separated) /
     --object-scale LOW HIGH (0 < LOW <= HIGH <= 2) / --sim-car-keep LOW HIGH (0 < LOW <= HIGH <= 1)."""
-    if sim_car_keep is not None:
-        low, high = (float(v) for v in sim_car_keep)
-        if not (0.0 < low <= high <= 1.0):
-            raise ConfigError(f"--sim-car-keep needs 0 < LOW <= HIGH <= 1, got {low} {high}")
-        sim_car_keep = (low, high)
-    if object_scale is not None:
-        low, high = (float(v) for v in object_scale)
-        if not (0.0 < low <= high <= 2.0):
-            raise ConfigError(f"--object-scale needs 0 < LOW <= HIGH <= 2, got {low} {high}")
-        object_scale = (low, high)
+    sim_car_keep = _low_high("--sim-car-keep", sim_car_keep, 1)
+    object_scale = _low_high("--object-scale", object_scale, 2)
     for name, value in (("range-thinning", range_thinning), ("part-dropout", part_dropout)):
         if not (0.0 <= value <= 1.0):
             raise ConfigError(f"--{name} must be in [0, 1]")
